@@ -1,0 +1,39 @@
+# trainhub: `make demo` runs the main job, `make test` the tests. Both install into .venv first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Debian's package puts Fashion-MNIST here (MNIST's IDX format); the demo trains on it.
+FASHION_MNIST := /usr/share/datasets/fashion-mnist
+
+.PHONY: install data demo test test-fast bench clean
+
+install: $(STAMP)
+
+# torch 2.14.1 and torchvision 0.29.1 install from the build machines' local disk with pip.
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[train,test]'
+	touch $(STAMP)
+
+data:
+	@if [ -d "$(FASHION_MNIST)" ] || [ -n "$$TRAINHUB_DATA_DIR" ]; then exit 0; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q dataset-fashion-mnist >/dev/null || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q dataset-fashion-mnist >/dev/null; }; \
+	else echo "Fashion-MNIST not found: run 'sudo apt-get install dataset-fashion-mnist' or set TRAINHUB_DATA_DIR to a folder with its IDX files"; exit 1; fi
+
+demo: install data
+	$(VENV)/bin/trainhub demo --epochs 5
+
+test: install data
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not e2e"
+
+bench: install data
+	$(PY) -m bench
+
+clean:
+	rm -rf var .pytest_cache

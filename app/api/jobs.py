@@ -1,0 +1,94 @@
+"""Routes of the `jobs` resource."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+
+from app import jobs as service
+from app.deps import CurrentUser, SessionDep
+from app.models import Job as JobRow
+from app.schemas import EpochMetrics, Job, JobPage, JobSpec, JobStatus
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def owned_job(session: SessionDep, user: CurrentUser, job_id: str) -> JobRow:
+    job = service.get_job(session, user, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
+    return job
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job)
+def create_job(
+    spec: JobSpec,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    user: CurrentUser,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Job:
+    """Validate and store a job, then queue it on `<hardware>.<framework>`.
+
+    Send an `Idempotency-Key` header to make retries safe: the same key and body return the
+    same job; the same key with another body is 409."""
+    try:
+        job = service.create_job(session, user, spec, idempotency_key)
+    except service.IdempotencyConflict:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            "Idempotency-Key was already used with a different job spec; use a new key for a new job",
+        )
+    response.headers["Location"] = f"/jobs/{job.id}"
+    return service.to_schema(session, job, str(request.base_url))
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    framework: Literal["jax", "pytorch"] | None = None,
+    hardware: Literal["cpu", "gpu", "tpu"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> JobPage:
+    """The caller's jobs, newest first, filtered by status, framework and hardware."""
+    try:
+        page, next_cursor = service.list_jobs(
+            session, user, status=status_, framework=framework, hardware=hardware, limit=limit, cursor=cursor
+        )
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [
+            {"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}
+        ])
+    served = service.online_queues(session)
+    base_url = str(request.base_url)
+    return JobPage(items=[service.to_schema(session, j, base_url, served) for j in page], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=Job)
+def read_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Job:
+    """One job: status, progress, metrics, timings, result, error and artifacts."""
+    return service.to_schema(session, owned_job(session, user, job_id), str(request.base_url))
+
+
+@router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job)
+def cancel_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Job:
+    """Cancel a job: a queued one never runs; a running one stops at its next chunk of steps
+    and ends `cancelled` with the metrics of the epochs it finished. 409 if it already ended."""
+    job = owned_job(session, user, job_id)
+    try:
+        job = service.cancel_job(session, job)
+    except service.CannotCancel as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {exc}; only queued or running jobs can be cancelled")
+    return service.to_schema(session, job, str(request.base_url))
+
+
+@router.get("/{job_id}/metrics", response_model=list[EpochMetrics])
+def read_metrics(job_id: str, session: SessionDep, user: CurrentUser) -> list[EpochMetrics]:
+    """Per-epoch metrics so far, in epoch order."""
+    return [EpochMetrics(**service.metric_dict(m)) for m in owned_job(session, user, job_id).metrics]

@@ -1,0 +1,269 @@
+"""The `trainhub` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from app.client import FINISHED, ApiError, TrainhubClient
+from app.config import Settings, get_settings
+
+cli = typer.Typer(help="trainhub: training as a service for JAX and PyTorch.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+keys_cli = typer.Typer(help="Manage API keys.", no_args_is_help=True)
+cli.add_typer(keys_cli, name="keys")
+console = Console(stderr=True)
+
+
+def main() -> None:
+    cli()
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+@cli.command()
+def up(
+    host: str = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
+    var_dir: Annotated[Path, typer.Option(help="SQLite, broker and artifacts live here")] = Path("var"),
+    workers: Annotated[int, typer.Option(min=1, max=8)] = 1,
+) -> None:
+    """The embedded stack: the API and cpu worker(s) over SQLite and a local broker under VAR_DIR.
+
+    Prints the URL and a new API key, then runs until interrupted (Ctrl-C stops everything)."""
+    from app import stack
+    from app.db import make_engine, migrate
+    from app.keys import create_key
+    from sqlalchemy.orm import Session
+
+    settings = Settings(var_dir=var_dir.resolve(), database_url=None, broker_url=None, artifact_dir=None)
+    url = settings.resolved_database_url()
+    migrate(url)
+    with Session(make_engine(url)) as session:
+        _, secret = create_key(session, "up")
+    port = port or stack.free_port()
+    running = stack.start(settings.var_dir, host, port, workers)
+    stopped = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        stopped.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        running.wait_ready()
+        print(f"trainhub is up at {running.url} (docs at {running.url}/docs)", flush=True)
+        print(f"API key: {secret}", flush=True)
+        while not stopped.wait(0.5):
+            dead = [p for p in running.processes if p.poll() is not None]
+            if dead:
+                console.print(f"[red]a child process exited with code {dead[0].returncode}; stopping[/red]")
+                raise typer.Exit(1)
+    finally:
+        running.stop()
+        print("trainhub stopped", flush=True)
+
+
+@cli.command()
+def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """The API alone (uvicorn), on the database and broker of TRAINHUB_* settings."""
+    import uvicorn
+
+    uvicorn.run("app.main:app", host=host, port=port)
+
+
+@cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(
+    hardware: Annotated[str, typer.Option(help="cpu, gpu or tpu")] = "cpu",
+    devices: Annotated[Optional[str], typer.Option(help="device indices, e.g. 0,1")] = None,
+    frameworks: Annotated[str, typer.Option(help="frameworks to serve")] = "jax,pytorch",
+) -> None:
+    """One worker pinned to HARDWARE, serving <hardware>.<framework> queues (pool solo)."""
+    argv = [sys.executable, "-m", "workers", "--hardware", hardware, "--frameworks", frameworks]
+    if devices is not None:
+        argv += ["--devices", devices]
+    # exec, so the pinned process is this one: nothing was imported from jax or torch here.
+    os.execv(sys.executable, argv)
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+@keys_cli.command("create")
+def keys_create(name: Annotated[str, typer.Option(help="who or what the key is for")]) -> None:
+    """Create an API key; the secret is printed once, on the last line of stdout."""
+    from app.db import migrate, session_scope
+    from app.keys import create_key
+
+    migrate()
+    with session_scope() as session:
+        key, secret = create_key(session, name)
+    console.print(f"created key {key.prefix}… named {name!r}; store it now, it is not shown again")
+    print(secret)
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+def client_from_settings() -> TrainhubClient:
+    settings = get_settings()
+    if not settings.api_key:
+        fail("no API key: set TRAINHUB_API_KEY (create one with `trainhub keys create --name NAME`)")
+    return TrainhubClient(settings.api_url, settings.api_key)
+
+
+def fail(message: str, code: int = 1) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def call(fn, *args, **kwargs):
+    """Run a client call, turning API and connection errors into one clear line."""
+    import httpx
+
+    try:
+        return fn(*args, **kwargs)
+    except ApiError as exc:
+        hint = " (check TRAINHUB_API_KEY)" if exc.status_code == 401 else ""
+        fail(f"{exc}{hint}")
+    except httpx.TransportError as exc:
+        fail(f"cannot reach trainhub at {get_settings().api_url}: {exc} (is `trainhub up` running?)")
+
+
+@cli.command()
+def submit(
+    framework: Annotated[str, typer.Option(help="jax or pytorch")] = "jax",
+    hardware: str = "cpu",
+    dataset: Annotated[str, typer.Option(help="fashion-mnist, mnist, digits or synthetic")] = "fashion-mnist",
+    epochs: int = 10,
+    batch_size: int = 128,
+    learning_rate: float = 1e-3,
+    hidden_sizes: Annotated[str, typer.Option(help="comma-separated, e.g. 256,128")] = "256,128",
+    dropout: float = 0.0,
+    seed: int = 0,
+    train_limit: Optional[int] = None,
+    test_limit: Optional[int] = None,
+    name: Optional[str] = None,
+    spec_file: Annotated[Optional[Path], typer.Option("--spec", help="a JobSpec JSON file; overrides the options")] = None,
+    wait: Annotated[bool, typer.Option(help="show progress and end with the result")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the Job as JSON")] = False,
+) -> None:
+    """Submit a job; prints its id (or the Job as JSON)."""
+    if spec_file:
+        spec = json.loads(spec_file.read_text())
+    else:
+        spec = {
+            "framework": framework, "hardware": hardware, "epochs": epochs, "batch_size": batch_size, "seed": seed,
+            "model": {"name": "mlp", "hidden_sizes": [int(h) for h in hidden_sizes.split(",") if h], "dropout": dropout},
+            "dataset": {"name": dataset, "train_limit": train_limit, "test_limit": test_limit},
+            "optimizer": {"name": "adam", "learning_rate": learning_rate},
+            "name": name,
+        }
+    with client_from_settings() as client:
+        job = call(client.submit, spec)
+        if wait:
+            job = follow(client, job["id"])
+    if as_json:
+        print(json.dumps(job, indent=2))
+    else:
+        print(job["id"])
+    if wait and job["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def follow(client: TrainhubClient, job_id: str) -> dict:
+    """A progress bar (epoch k of n, last loss and accuracy) until the job ends; the final Job."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  TextColumn("{task.fields[info]}"), console=console) as progress:
+        task = progress.add_task(job_id[:8], total=None, info="queued")
+
+        def update(job: dict) -> None:
+            last = job["metrics"][-1] if job["metrics"] else None
+            info = job["status"] if not last else f"loss {last['train_loss']:.4f} acc {last['test_accuracy']:.4f}"
+            if job["waiting_reason"]:
+                info = job["waiting_reason"]
+            progress.update(task, total=job["progress"]["epochs"], completed=job["progress"]["epoch"], info=info)
+
+        job = call(client.wait, job_id, on_update=update)
+    print_result(job)
+    return job
+
+
+def print_result(job: dict) -> None:
+    if job["status"] == "succeeded":
+        console.print(f"[green]succeeded[/green]: test accuracy {job['result']['test_accuracy']:.4f}, "
+                      f"test loss {job['result']['test_loss']:.4f}")
+    elif job["status"] == "failed":
+        console.print(f"[red]failed[/red]: {job['error']['type']}: {job['error']['message']}")
+    else:
+        console.print(f"{job['status']}")
+
+
+@cli.command()
+def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """One look at a job."""
+    with client_from_settings() as client:
+        job = call(client.get, job_id)
+    if as_json:
+        print(json.dumps(job, indent=2))
+        return
+    table = Table(title=f"job {job['id']}", show_header=False)
+    spec = job["spec"]
+    table.add_row("status", job["status"] + (f" ({job['waiting_reason']})" if job["waiting_reason"] else ""))
+    table.add_row("spec", f"{spec['framework']} on {spec['hardware']}, {spec['dataset']['name']}, "
+                          f"{spec['epochs']} epochs, batch {spec['batch_size']}")
+    table.add_row("progress", f"epoch {job['progress']['epoch']} of {job['progress']['epochs']}")
+    if job["result"]:
+        table.add_row("result", ", ".join(f"{k} {v:.4f}" for k, v in job["result"].items()))
+    if job["timings"]:
+        table.add_row("timings", ", ".join(f"{k} {v:.3g}" for k, v in job["timings"].items()))
+    if job["error"]:
+        table.add_row("error", f"{job['error']['type']}: {job['error']['message']}")
+    for artifact in job["artifacts"]:
+        table.add_row("artifact", f"{artifact['name']} ({artifact['size_bytes']} bytes)")
+    Console().print(table)
+
+
+@cli.command()
+def download(
+    job_id: str,
+    artifact: Annotated[Optional[str], typer.Option(help="one artifact name; default all")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="directory")] = Path("."),
+) -> None:
+    """Fetch a job's artifacts (sha256 checked); prints each saved path."""
+    with client_from_settings() as client:
+        names = [artifact] if artifact else [a["name"] for a in call(client.artifacts, job_id)]
+        for name in names:
+            print(call(client.download, job_id, name, output))
+
+
+@cli.command()
+def demo(
+    epochs: int = 5,
+    dataset: str = "fashion-mnist",
+    var_dir: Path = Path("var"),
+) -> None:
+    """Start the embedded stack, train the seeds' MNIST MLP in JAX and in PyTorch through the
+    HTTP API, print them side by side, and stop the stack."""
+    from app.demo import run_demo
+
+    raise typer.Exit(run_demo(epochs=epochs, dataset=dataset, var_dir=var_dir))
+
+
+__all__ = ["cli", "main", "FINISHED"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Job logic behind the routers: create, page, cancel, and render a row as the HTTP `Job`."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from app import queue
+from app.config import get_settings
+from app.models import ApiKey, Job, Worker, utcnow
+from app.schemas import FINISHED, JobSpec
+from app.schemas import Job as JobOut
+
+log = logging.getLogger(__name__)
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before with another body."""
+
+
+class CannotCancel(Exception):
+    """The job has already finished."""
+
+
+def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str | None) -> Job:
+    """Store the job, then enqueue its id. The row is committed first, so a broker error leaves a
+    queued job (logged) rather than a lost one. Replays an earlier job for a reused key."""
+    spec_json = spec.model_dump(mode="json")
+    if idempotency_key:
+        earlier = session.scalars(
+            select(Job).where(Job.owner_id == owner.id, Job.idempotency_key == idempotency_key)
+        ).first()
+        if earlier is not None:
+            if earlier.spec != spec_json:
+                raise IdempotencyConflict(idempotency_key)
+            return earlier
+    job = Job(
+        owner_id=owner.id,
+        status="queued",
+        framework=spec.framework,
+        hardware=spec.hardware,
+        spec=spec_json,
+        epochs=spec.epochs,
+        idempotency_key=idempotency_key,
+        created_at=utcnow(),
+    )
+    session.add(job)
+    session.commit()
+    try:
+        queue.enqueue(job.id, job.hardware, job.framework)
+    except Exception:  # the row is the source of truth; the job waits for the broker
+        log.exception("could not enqueue job %s; it stays queued", job.id)
+    return job
+
+
+def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:
+    """The owner's job, or None when it does not exist or belongs to someone else."""
+    job = session.get(Job, job_id)
+    return job if job is not None and job.owner_id == owner.id else None
+
+
+def list_jobs(
+    session: Session,
+    owner: ApiKey,
+    *,
+    status: str | None,
+    framework: str | None,
+    hardware: str | None,
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[Job], str | None]:
+    """The owner's jobs newest first, and the cursor of the next page (None on the last).
+
+    Raises ValueError for a cursor this API did not hand out."""
+    query = select(Job).where(Job.owner_id == owner.id)
+    if status:
+        query = query.where(Job.status == status)
+    if framework:
+        query = query.where(Job.framework == framework)
+    if hardware:
+        query = query.where(Job.hardware == hardware)
+    if cursor:
+        created_at, job_id = decode_cursor(cursor)
+        query = query.where(or_(Job.created_at < created_at, and_(Job.created_at == created_at, Job.id < job_id)))
+    rows = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
+    page, more = rows[:limit], len(rows) > limit
+    return page, encode_cursor(page[-1]) if more else None
+
+
+def encode_cursor(job: Job) -> str:
+    return base64.urlsafe_b64encode(f"{job.created_at.isoformat()}|{job.id}".encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created_at, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(created_at), job_id
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise ValueError("cursor is not one this API returned; pass next_cursor unchanged") from exc
+
+
+def cancel_job(session: Session, job: Job) -> Job:
+    """A queued job is cancelled at once (it will never run); a running one is flagged and stops
+    at its next chunk of steps. Cancelling a cancelled job returns it unchanged.
+    Raises CannotCancel for a job that succeeded or failed."""
+    # Two compare-and-sets: whichever state the row is in when each runs, exactly one applies,
+    # even if a worker claims the job between them.
+    session.execute(
+        update(Job).where(Job.id == job.id, Job.status == "queued").values(status="cancelled", finished_at=utcnow())
+    )
+    session.execute(update(Job).where(Job.id == job.id, Job.status == "running").values(cancel_requested=True))
+    session.commit()
+    session.refresh(job)
+    if job.status in ("succeeded", "failed"):
+        raise CannotCancel(job.status)
+    return job
+
+
+def online_queues(session: Session) -> set[str]:
+    """Queues served by a worker whose heartbeat is recent."""
+    since = utcnow() - timedelta(seconds=get_settings().worker_timeout_s)
+    queues: set[str] = set()
+    for worker_queues in session.scalars(select(Worker.queues).where(Worker.last_seen >= since)):
+        queues.update(worker_queues)
+    return queues
+
+
+def waiting_reason(session: Session, job: Job, served: set[str]) -> str | None:
+    """Why a queued job has not started yet; None for a job that is not queued."""
+    if job.status != "queued":
+        return None
+    if job.queue not in served:
+        return f"no online worker serves {job.queue}"
+    ahead = session.scalar(
+        select(func.count()).select_from(Job).where(
+            Job.status == "queued", Job.hardware == job.hardware, Job.framework == job.framework,
+            Job.created_at < job.created_at,
+        )
+    )
+    return f"waiting for a free worker on {job.queue} ({ahead} job(s) ahead)"
+
+
+def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None = None) -> JobOut:
+    """Render a row as the HTTP Job; `base_url` prefixes artifact URLs."""
+    if served is None:
+        served = online_queues(session) if job.status == "queued" else set()
+    url = base_url.rstrip("/")
+    return JobOut.model_validate(
+        {
+            "id": job.id,
+            "status": job.status,
+            "spec": job.spec,
+            "created_at": job.created_at,
+            "started_at": job.started_at,
+            "finished_at": job.finished_at,
+            "waiting_reason": waiting_reason(session, job, served),
+            "attempts": job.attempts,
+            "progress": {"epoch": job.epoch, "epochs": job.epochs},
+            "metrics": [metric_dict(m) for m in job.metrics],
+            "timings": job.timings,
+            "result": job.result,
+            "error": job.error,
+            "artifacts": [artifact_dict(a, f"{url}/jobs/{job.id}/artifacts/{a.name}") for a in job.artifacts],
+            "worker": job.worker,
+        }
+    )
+
+
+def metric_dict(metric) -> dict:
+    return {
+        "epoch": metric.epoch,
+        "train_loss": metric.train_loss,
+        "train_accuracy": metric.train_accuracy,
+        "test_loss": metric.test_loss,
+        "test_accuracy": metric.test_accuracy,
+        "epoch_time_s": metric.epoch_time_s,
+        "eval_time_s": metric.eval_time_s,
+        "samples_per_s": metric.samples_per_s,
+    }
+
+
+def artifact_dict(artifact, url: str) -> dict:
+    return {"name": artifact.name, "size_bytes": artifact.size_bytes, "sha256": artifact.sha256, "url": url}

@@ -1,0 +1,125 @@
+"""Tables: API keys, jobs, per-epoch metrics, artifacts and worker heartbeats.
+
+The job row is the source of truth for a job; the broker only carries its id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ApiKey(Base):
+    """An API key. Only the sha256 of the secret is stored; `prefix` identifies it in listings."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Job(Base):
+    """A training job. `status`: queued | running | succeeded | failed | cancelled."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    framework: Mapped[str] = mapped_column(String(16))
+    hardware: Mapped[str] = mapped_column(String(16))
+    spec: Mapped[dict] = mapped_column(JSON)
+    epochs: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)  # epochs finished so far
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    timings: Mapped[dict | None] = mapped_column(JSON)
+    result: Mapped[dict | None] = mapped_column(JSON)
+    error: Mapped[dict | None] = mapped_column(JSON)
+    worker: Mapped[dict | None] = mapped_column(JSON)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+
+    metrics: Mapped[list[EpochMetric]] = relationship(
+        order_by="EpochMetric.epoch", cascade="all, delete-orphan", lazy="selectin"
+    )
+    artifacts: Mapped[list[Artifact]] = relationship(
+        order_by="Artifact.name", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+    __table_args__ = (UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency"),)
+
+    @property
+    def queue(self) -> str:
+        return f"{self.hardware}.{self.framework}"
+
+
+class EpochMetric(Base):
+    """One epoch of one job; (job_id, epoch) is unique so a replayed report never duplicates."""
+
+    __tablename__ = "epoch_metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    train_loss: Mapped[float] = mapped_column(Float)
+    train_accuracy: Mapped[float] = mapped_column(Float)
+    test_loss: Mapped[float] = mapped_column(Float)
+    test_accuracy: Mapped[float] = mapped_column(Float)
+    epoch_time_s: Mapped[float] = mapped_column(Float)
+    eval_time_s: Mapped[float] = mapped_column(Float)
+    samples_per_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (UniqueConstraint("job_id", "epoch", name="uq_epoch_metrics_job_epoch"),)
+
+
+class Artifact(Base):
+    """A file a job produced. `path` is where it lies; the name never becomes a path."""
+
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(String(1000))
+
+    __table_args__ = (UniqueConstraint("job_id", "name", name="uq_artifacts_job_name"),)
+
+
+class Worker(Base):
+    """A worker's last heartbeat: what it serves and what it is doing."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # hostname:pid
+    hostname: Mapped[str] = mapped_column(String(200))
+    hardware: Mapped[str] = mapped_column(String(16))
+    queues: Mapped[list] = mapped_column(JSON)
+    devices: Mapped[list] = mapped_column(JSON)
+    versions: Mapped[dict] = mapped_column(JSON)
+    current_job_id: Mapped[str | None] = mapped_column(String(36))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,51 @@
+"""The broker side of the API: enqueue a job's id by task name, never importing workers/."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from celery import Celery
+
+from app.config import Settings, get_settings
+
+RUN_JOB_TASK = "trainhub.run_job"
+# Longer than any job may run (max_runtime_s is capped at 7 days): Redis must not hand an
+# unacknowledged job to a second worker while the first still trains it.
+VISIBILITY_TIMEOUT_S = 8 * 24 * 3600
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app configured for trainhub's broker; the worker builds on the same config."""
+    celery = Celery("trainhub", broker=settings.resolved_broker_url())
+    transport_options = settings.broker_transport_options()
+    for key in ("data_folder_in", "processed_folder"):
+        if key in transport_options:
+            Path(transport_options[key]).mkdir(parents=True, exist_ok=True)
+    if settings.resolved_broker_url().startswith("redis"):
+        transport_options["visibility_timeout"] = VISIBILITY_TIMEOUT_S
+    celery.conf.update(
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_create_missing_queues=True,
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+    )
+    return celery
+
+
+@lru_cache
+def get_celery() -> Celery:
+    return make_celery(get_settings())
+
+
+def queue_name(hardware: str, framework: str) -> str:
+    return f"{hardware}.{framework}"
+
+
+def enqueue(job_id: str, hardware: str, framework: str) -> None:
+    """Send the job's id to queue `<hardware>.<framework>`. Raises on a broker error."""
+    get_celery().send_task(RUN_JOB_TASK, args=[job_id], queue=queue_name(hardware, framework))

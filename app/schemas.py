@@ -1,0 +1,72 @@
+"""HTTP schemas, built on the spec types of trainers/spec.py."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel
+
+from trainers.spec import JobSpec
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FINISHED = ("succeeded", "failed", "cancelled")
+
+__all__ = ["JobSpec", "Job", "JobPage", "ArtifactInfo", "EpochMetrics", "JobStatus", "FINISHED"]
+
+
+class EpochMetrics(BaseModel):
+    """One epoch: losses are mean cross-entropy (nats), times in seconds."""
+
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    test_loss: float
+    test_accuracy: float
+    epoch_time_s: float
+    eval_time_s: float
+    samples_per_s: float
+
+
+class ArtifactInfo(BaseModel):
+    name: str
+    size_bytes: int
+    sha256: str
+    url: str
+
+
+class Progress(BaseModel):
+    epoch: int
+    epochs: int
+
+
+class JobError(BaseModel):
+    type: str
+    message: str
+
+
+class Job(BaseModel):
+    """A job as stored: its spec, state, timings (seconds), metrics and artifacts."""
+
+    id: str
+    status: JobStatus
+    spec: JobSpec
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    waiting_reason: str | None
+    attempts: int
+    progress: Progress
+    metrics: list[EpochMetrics]
+    timings: dict[str, float] | None
+    result: dict[str, float] | None
+    error: JobError | None
+    artifacts: list[ArtifactInfo]
+    worker: dict | None
+
+
+class JobPage(BaseModel):
+    """A page of jobs, newest first; pass `next_cursor` as `cursor` for the next page."""
+
+    items: list[Job]
+    next_cursor: str | None

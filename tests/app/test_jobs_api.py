@@ -1,0 +1,111 @@
+"""The jobs API against real PostgreSQL and Redis (no worker: jobs stay queued)."""
+
+from __future__ import annotations
+
+import pytest
+
+DIGITS = {"framework": "jax", "dataset": {"name": "digits"}, "epochs": 1}
+
+
+def test_create_read_and_list(api, auth):
+    created = api.post("/jobs", json=DIGITS, headers=auth)
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert created.headers["Location"] == f"/jobs/{job['id']}"
+    assert job["status"] == "queued"
+    # the spec comes back normalised, with every default filled in
+    assert job["spec"]["model"] == {"name": "mlp", "hidden_sizes": [256, 128], "dropout": 0.0}
+    assert job["spec"]["optimizer"] == {"name": "adam", "learning_rate": 0.001}
+    assert job["progress"] == {"epoch": 0, "epochs": 1}
+    assert job["waiting_reason"] == "no online worker serves cpu.jax"
+    assert api.get(f"/jobs/{job['id']}", headers=auth).json()["id"] == job["id"]
+    assert [j["id"] for j in api.get("/jobs", headers=auth).json()["items"]] == [job["id"]]
+
+
+def test_pages_are_newest_first_and_complete(api, auth):
+    ids = [api.post("/jobs", json={**DIGITS, "seed": i}, headers=auth).json()["id"] for i in range(5)]
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = api.get("/jobs", params=params, headers=auth).json()
+        seen += [j["id"] for j in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids))
+
+
+def test_filters(api, auth):
+    api.post("/jobs", json=DIGITS, headers=auth)
+    api.post("/jobs", json={**DIGITS, "framework": "pytorch"}, headers=auth)
+    items = api.get("/jobs", params={"framework": "pytorch"}, headers=auth).json()["items"]
+    assert [j["spec"]["framework"] for j in items] == ["pytorch"]
+    assert api.get("/jobs", params={"status": "running"}, headers=auth).json()["items"] == []
+    assert api.get("/jobs", params={"status": "bogus"}, headers=auth).status_code == 422
+    assert api.get("/jobs", params={"cursor": "not-a-cursor"}, headers=auth).status_code == 422
+
+
+def test_cancel_queued_job(api, auth):
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    cancelled = api.post(f"/jobs/{job['id']}/cancel", headers=auth)
+    assert cancelled.status_code == 202
+    assert cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["finished_at"] is not None
+    # cancelling again is harmless
+    assert api.post(f"/jobs/{job['id']}/cancel", headers=auth).json()["status"] == "cancelled"
+
+
+def test_jobs_are_visible_only_to_their_owner(api, auth, make_key):
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    other = {"Authorization": f"Bearer {make_key('other')}"}
+    assert api.get(f"/jobs/{job['id']}", headers=other).status_code == 404
+    assert api.post(f"/jobs/{job['id']}/cancel", headers=other).status_code == 404
+    assert api.get(f"/jobs/{job['id']}/metrics", headers=other).status_code == 404
+    assert api.get(f"/jobs/{job['id']}/artifacts", headers=other).status_code == 404
+    assert api.get("/jobs", headers=other).json()["items"] == []
+    assert api.get(f"/jobs/{job['id']}", headers=auth).json()["status"] == "queued"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer th_wrong"}, {"Authorization": "Basic abc"},
+                                     {"Authorization": "Bearer "}])
+def test_missing_or_wrong_key_is_401(api, headers):
+    response = api.get("/jobs", headers=headers)
+    assert response.status_code == 401
+    assert "API key" in response.json()["detail"]
+    assert api.post("/jobs", json=DIGITS, headers=headers).status_code == 401
+
+
+def test_unknown_ids_are_404(api, auth):
+    assert api.get("/jobs/nope", headers=auth).status_code == 404
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    response = api.get(f"/jobs/{job['id']}/artifacts/weights.safetensors", headers=auth)
+    assert response.status_code == 404
+    assert "weights.safetensors" in response.json()["detail"]
+    assert api.get(f"/jobs/{job['id']}/metrics", headers=auth).json() == []
+
+
+def test_idempotency_key(api, auth):
+    headers = {**auth, "Idempotency-Key": "abc-1"}
+    first = api.post("/jobs", json=DIGITS, headers=headers).json()
+    again = api.post("/jobs", json=DIGITS, headers=headers)
+    assert again.status_code == 201 and again.json()["id"] == first["id"]
+    conflict = api.post("/jobs", json={**DIGITS, "epochs": 2}, headers=headers)
+    assert conflict.status_code == 409
+    assert "Idempotency-Key" in conflict.json()["detail"]
+    assert len(api.get("/jobs", headers=auth).json()["items"]) == 1
+
+
+def test_health_and_readiness(api):
+    assert api.get("/healthz").json() == {"status": "ok"}
+    ready = api.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_job_is_stored_then_enqueued_on_its_queue(api, auth, redis_url):
+    import redis
+
+    job = api.post("/jobs", json={**DIGITS, "framework": "pytorch"}, headers=auth).json()
+    r = redis.Redis.from_url(redis_url)
+    assert r.llen("cpu.pytorch") == 1
+    assert job["id"].encode() in r.lindex("cpu.pytorch", 0)

@@ -1,0 +1,121 @@
+"""Shared fixtures: the real PostgreSQL and Redis of the machine, and settings pointing at them.
+
+TRAINHUB_TEST_DATABASE_URL and TRAINHUB_TEST_REDIS_URL name the services (defaults: the local
+ones). With TRAINHUB_REQUIRE_SERVICES=1 (set by .ci/run) a missing service fails the tests
+instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    message = f"{what} is not reachable: {exc}"
+    if os.environ.get("TRAINHUB_REQUIRE_SERVICES") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def reset_caches() -> None:
+    """Forget cached settings, engines and the Celery app, so a changed environment applies."""
+    from app import config, db, queue
+
+    config.get_settings.cache_clear()
+    db.get_engine.cache_clear()
+    db.get_sessionmaker.cache_clear()
+    queue.get_celery.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    """A migrated, empty PostgreSQL database."""
+    from sqlalchemy import create_engine, text
+
+    url = os.environ.get("TRAINHUB_TEST_DATABASE_URL", DEFAULT_DATABASE_URL)
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("DROP SCHEMA public CASCADE"))
+            connection.execute(text("CREATE SCHEMA public"))
+    except Exception as exc:
+        _unavailable("PostgreSQL", exc)
+    finally:
+        engine.dispose()
+    from app.db import migrate
+
+    migrate(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    url = os.environ.get("TRAINHUB_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    try:
+        redis.Redis.from_url(url).flushdb()
+    except Exception as exc:
+        _unavailable("Redis", exc)
+    return url
+
+
+@pytest.fixture
+def services_env(database_url, redis_url, tmp_path, monkeypatch) -> dict[str, str]:
+    """TRAINHUB_* settings for PostgreSQL, Redis (emptied, so no earlier test's message reaches
+    this test's workers) and a fresh artifact dir, applied to this process and returned for
+    child processes."""
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    env = {
+        "TRAINHUB_DATABASE_URL": database_url,
+        "TRAINHUB_BROKER_URL": redis_url,
+        "TRAINHUB_ARTIFACT_DIR": str(tmp_path / "artifacts"),
+        "TRAINHUB_VAR_DIR": str(tmp_path / "var"),
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    reset_caches()
+    yield env
+    reset_caches()
+
+
+@pytest.fixture
+def api(services_env):
+    """A TestClient of the app on PostgreSQL and Redis."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    with TestClient(create_app()) as client:
+        yield client
+
+
+@pytest.fixture
+def make_key(services_env):
+    """Create API keys: `make_key("alice")` returns the secret."""
+    from app.db import session_scope
+    from app.keys import create_key
+
+    def make(name: str = "test") -> str:
+        with session_scope() as session:
+            return create_key(session, name)[1]
+
+    return make
+
+
+@pytest.fixture
+def auth(make_key) -> dict[str, str]:
+    return {"Authorization": f"Bearer {make_key('owner')}"}
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,109 @@
+"""The contract both trainers keep: a whole run in, per-epoch reports and a result out."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from trainers.spec import JobSpec
+
+
+@dataclass
+class EpochMetrics:
+    """One epoch's numbers. Losses are mean cross-entropy in nats; times in seconds.
+
+    `epoch_time_s` covers the training steps of the epoch only (waited for on the device);
+    `eval_time_s` the evaluation on the test split that follows it.
+    """
+
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    test_loss: float
+    test_accuracy: float
+    epoch_time_s: float
+    eval_time_s: float
+    samples_per_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class FitResult:
+    """What `fit` returns.
+
+    timings (seconds): setup_s (data and model ready), compile_s (trace and compile of the train
+    step; 0 for eager PyTorch), first_epoch_s, steady_epoch_s (median of epochs 2..n, or the
+    first epoch when there is only one), train_s (sum of epoch_time_s), eval_s (sum of
+    eval_time_s); plus `compilations`, the number of XLA programs built (compiled, or loaded
+    from the persistent compilation cache) for the train step during the run: 1 for a JAX job
+    whose step never retraces, 0 for eager PyTorch.
+    artifacts: file names written to the workdir, e.g. weights.safetensors.
+    device: {"backend": "cpu", "devices": ["cpu:0"], "versions": {"jax": "0.10.2"}}.
+    """
+
+    metrics: list[EpochMetrics]
+    timings: dict[str, float]
+    result: dict[str, float]
+    artifacts: list[str]
+    device: dict = field(default_factory=dict)
+
+
+class StopTraining(Exception):
+    """Raised by a `report` or `should_stop` hook to end the run early (cancel, time limit).
+
+    The trainer lets it propagate after the current chunk of steps; metrics already reported
+    stay reported. `reason` is a short machine word such as "cancelled" or "timeout".
+    """
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+
+
+class HardwareMismatch(Exception):
+    """The spec asks for hardware (gpu, tpu) the framework does not see in this process.
+
+    Raised before any training, so a job never silently falls back to the CPU.
+    """
+
+    def __init__(self, requested: str, found: str, framework: str) -> None:
+        super().__init__(
+            f"job asks for hardware {requested!r} but {framework} in this worker only sees {found!r}; "
+            f"send it to a {requested} worker"
+        )
+        self.requested = requested
+        self.found = found
+
+
+Report = Callable[[int, EpochMetrics], None]
+"""Called once at the end of each epoch with (epoch, metrics); epochs count from 1."""
+
+ShouldStop = Callable[[], None]
+"""Called between chunks of steps; raises StopTraining to stop the run."""
+
+
+def _never_stop() -> None:
+    return None
+
+
+_TRAINERS = {"jax": "trainers.jax_trainer", "pytorch": "trainers.torch_trainer"}
+
+
+def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop = _never_stop) -> FitResult:
+    """Train `spec` with its framework, writing artifacts into `workdir`.
+
+    The framework module is imported here, on first use, so a process that never trains
+    with a framework never imports it.
+
+    Raises HardwareMismatch when the framework does not see `spec.hardware`, DataNotFound
+    when the dataset cannot be found, StopTraining when a hook stops the run, and whatever
+    the framework raises otherwise.
+    """
+    module = importlib.import_module(_TRAINERS[spec.framework])
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return module.fit(spec, workdir, report, should_stop)

@@ -1,0 +1,115 @@
+"""The job spec: what a user asks trainhub to train.
+
+These are plain pydantic models with no framework imports, so the API, the workers and the
+trainers share one definition. `app/schemas.py` re-exports `JobSpec` as the HTTP request body.
+
+Defaults follow the seeds' MNIST MLP: 784-256-128-10, ReLU, Adam with learning rate 1e-3,
+batch size 128, 10 epochs, seed 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Framework = Literal["jax", "pytorch"]
+Hardware = Literal["cpu", "gpu", "tpu"]
+DatasetName = Literal["mnist", "fashion-mnist", "digits", "synthetic"]
+
+MAX_EPOCHS = 1000
+MAX_BATCH_SIZE = 65536
+MAX_HIDDEN_UNITS = 16384
+MAX_HIDDEN_LAYERS = 16
+
+
+class _Strict(BaseModel):
+    # Unknown fields are a typo more often than not: refuse them rather than ignore them.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """A multi-layer perceptron: flattened input -> hidden_sizes (ReLU) -> num_classes logits."""
+
+    name: Literal["mlp"] = "mlp"
+    hidden_sizes: Annotated[
+        list[Annotated[int, Field(ge=1, le=MAX_HIDDEN_UNITS)]],
+        Field(max_length=MAX_HIDDEN_LAYERS),
+    ] = [256, 128]
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.0
+
+
+class DatasetSpec(_Strict):
+    """Which data to train on, optionally limited to the first N examples of each split.
+
+    `synthetic` draws `train_limit` (default 10000) and `test_limit` (default 2000) examples of
+    784 features labelled by a fixed random linear teacher, for load and speed tests.
+    """
+
+    name: DatasetName = "fashion-mnist"
+    train_limit: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    test_limit: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+
+
+class OptimizerSpec(_Strict):
+    """Adam (Kingma & Ba, 2015) with the default betas (0.9, 0.999) and eps 1e-8 in both frameworks."""
+
+    name: Literal["adam"] = "adam"
+    learning_rate: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 1e-3
+
+
+# Examples in the training split of each dataset, before train_limit. digits is split 80/20.
+TRAIN_SIZES = {"mnist": 60000, "fashion-mnist": 60000, "digits": 1437, "synthetic": 10000}
+TEST_SIZES = {"mnist": 10000, "fashion-mnist": 10000, "digits": 360, "synthetic": 2000}
+
+
+class JobSpec(_Strict):
+    """A training job. Every field but `framework` has a default."""
+
+    framework: Framework = Field(description="Which framework trains the model: jax or pytorch.")
+    hardware: Hardware = Field("cpu", description="Where it runs: cpu, gpu or tpu.")
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] = 10
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] = 128
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    max_runtime_s: Annotated[float, Field(gt=0, le=7 * 24 * 3600, allow_inf_nan=False)] | None = None
+    name: Annotated[str, Field(max_length=200)] | None = None
+    labels: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]],
+                      Field(max_length=32)] = Field(default_factory=dict)
+
+    @field_validator("epochs", "batch_size", "seed", mode="before")
+    @classmethod
+    def _no_float_for_int(cls, value: object) -> object:
+        # pydantic accepts 5.0 for an int; a fractional or non-finite value must still say so.
+        if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
+            raise ValueError("must be a whole number")
+        return value
+
+    @model_validator(mode="after")
+    def _batch_fits_training_set(self) -> "JobSpec":
+        n = train_size(self.dataset)
+        if self.batch_size > n:
+            raise ValueError(
+                f"batch_size {self.batch_size} is larger than the training set ({n} examples of "
+                f"{self.dataset.name}); use a batch_size of at most {n}"
+            )
+        return self
+
+
+def train_size(dataset: DatasetSpec) -> int:
+    """Examples in the training split after `train_limit`."""
+    n = TRAIN_SIZES[dataset.name]
+    if dataset.name == "synthetic":
+        return dataset.train_limit or n
+    return min(n, dataset.train_limit) if dataset.train_limit else n
+
+
+def test_size(dataset: DatasetSpec) -> int:
+    """Examples in the test split after `test_limit`."""
+    n = TEST_SIZES[dataset.name]
+    if dataset.name == "synthetic":
+        return dataset.test_limit or n
+    return min(n, dataset.test_limit) if dataset.test_limit else n

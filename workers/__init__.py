@@ -1,0 +1,1 @@
+"""Celery workers: the task, hardware pinning and detection, heartbeats."""

@@ -1,0 +1,62 @@
+"""`python -m workers --hardware cpu [--devices 0,1] [--frameworks jax,pytorch]`
+
+Pins the process to its hardware before any framework is imported, checks which frameworks
+really use that hardware, and consumes `<hardware>.<framework>` for each of them with a solo
+pool (the process that imports a framework is the one that trains; one job at a time).
+Exits with code 2 and a message when it can serve nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from workers.hardware import FRAMEWORKS, detect, pin
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="trainhub worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--hardware", choices=["cpu", "gpu", "tpu"], default="cpu")
+    parser.add_argument("--devices", type=lambda s: [int(d) for d in s.split(",") if d != ""], default=None,
+                        help="device indices to pin to, e.g. 0,1 (cpu: core numbers)")
+    parser.add_argument("--frameworks", type=lambda s: [f for f in s.split(",") if f], default=list(FRAMEWORKS),
+                        help="frameworks to serve, e.g. jax,pytorch")
+    parser.add_argument("--loglevel", default="INFO")
+    args = parser.parse_args(argv)
+    unknown = [f for f in args.frameworks if f not in FRAMEWORKS]
+    if unknown:
+        parser.error(f"--frameworks: unknown {', '.join(unknown)}; choose from {', '.join(FRAMEWORKS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    pin(args.hardware, args.devices)  # before jax or torch is imported anywhere
+    logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    caps = detect(args.hardware, args.frameworks)
+    for framework, why in caps.refused.items():
+        print(f"trainhub worker: not serving {args.hardware}.{framework}: {why}", file=sys.stderr)
+    if not caps.queues:
+        print(f"trainhub worker: this host cannot serve any of {', '.join(args.frameworks)} on "
+              f"{args.hardware}; nothing to do", file=sys.stderr)
+        return 2
+
+    from app.db import migrate
+    from workers.celery_app import celery
+    from workers.identity import register, start_heartbeat
+
+    migrate()
+    identity = register(caps)
+    start_heartbeat(identity)
+    print(f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}", flush=True)
+    celery.worker_main([
+        "worker", "--pool=solo", "--concurrency=1", f"--queues={','.join(caps.queues)}",
+        f"--hostname=trainhub-{args.hardware}@{identity.name}", f"--loglevel={args.loglevel}",
+        "--without-gossip", "--without-mingle",
+    ])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

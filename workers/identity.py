@@ -1,0 +1,92 @@
+"""Who this worker is and what it serves; its heartbeat row in the database."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.db import get_engine, session_scope
+from app.models import Worker, utcnow
+from workers.hardware import Capabilities
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 5.0
+
+
+@dataclass
+class WorkerIdentity:
+    name: str
+    hostname: str
+    caps: Capabilities
+    current_job_id: str | None = None
+
+    def job_info(self) -> dict:
+        """What a job records about the worker that ran it."""
+        return {
+            "name": self.name,
+            "hostname": self.hostname,
+            "hardware": self.caps.hardware,
+            "devices": self.caps.devices,
+            "versions": self.caps.versions,
+        }
+
+
+_current: WorkerIdentity | None = None
+
+
+def register(caps: Capabilities) -> WorkerIdentity:
+    global _current
+    hostname = socket.gethostname()
+    _current = WorkerIdentity(name=f"{hostname}:{os.getpid()}", hostname=hostname, caps=caps)
+    return _current
+
+
+def current_worker() -> WorkerIdentity:
+    if _current is None:  # started by plain `celery worker`, not `python -m workers`
+        raise RuntimeError("start workers with `trainhub worker` so they are pinned and registered")
+    return _current
+
+
+def beat(identity: WorkerIdentity) -> None:
+    """Upsert this worker's heartbeat row."""
+    values = {
+        "name": identity.name,
+        "hostname": identity.hostname,
+        "hardware": identity.caps.hardware,
+        "queues": identity.caps.queues,
+        "devices": identity.caps.devices,
+        "versions": identity.caps.versions,
+        "current_job_id": identity.current_job_id,
+        "last_seen": utcnow(),
+    }
+    dialect = postgresql if get_engine().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(Worker).values(**values, started_at=utcnow())
+    statement = statement.on_conflict_do_update(
+        index_elements=["name"], set_={k: v for k, v in values.items() if k != "name"}
+    )
+    with session_scope() as session:
+        session.execute(statement)
+        session.commit()
+
+
+def start_heartbeat(identity: WorkerIdentity) -> threading.Thread:
+    """Beat now and then every HEARTBEAT_S seconds in a daemon thread."""
+    beat(identity)
+
+    def loop() -> None:
+        stop = threading.Event()
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                beat(identity)
+            except Exception:  # the database may be away for a while; keep trying
+                log.exception("heartbeat failed")
+
+    thread = threading.Thread(target=loop, name="trainhub-heartbeat", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,152 @@
+"""Run one job: claim its row, train, record each epoch, store artifacts, end it.
+
+The database row is the truth: a claim is a compare-and-set from `queued` to `running`, so a
+message delivered twice (or for a cancelled job) does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+import trainers
+from app.config import get_settings
+from app.db import session_scope
+from app.models import Artifact, EpochMetric, Job, utcnow
+from trainers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+# A running job looks at its cancel flag at most this often (seconds), between chunks of steps.
+CANCEL_POLL_S = 0.5
+
+# Error types users can act on, by exception class name; anything else keeps its own name.
+ERROR_TYPES = {"DataNotFound": "data_not_found", "HardwareMismatch": "hardware_mismatch"}
+
+
+def run(job_id: str, worker: dict) -> str:
+    """Run the job if this call wins its claim; return the status it ended with, or "skipped"."""
+    claimed_at = claim(job_id, worker)
+    if claimed_at is None:
+        log.info("job %s is not queued (duplicate delivery or cancelled); skipping", job_id)
+        return "skipped"
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        spec = JobSpec.model_validate(job.spec)
+        created_at = job.created_at
+    workdir = get_settings().resolved_artifact_dir() / job_id
+    hooks = JobHooks(job_id, spec.max_runtime_s)
+    try:
+        result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop)
+    except trainers.StopTraining as stop:
+        if stop.reason == "cancelled":
+            return finish(job_id, "cancelled")
+        return finish(job_id, "failed", error={"type": stop.reason, "message": str(stop)})
+    except Exception as exc:
+        log.exception("job %s failed", job_id)
+        kind = ERROR_TYPES.get(type(exc).__name__, type(exc).__name__)
+        return finish(job_id, "failed", error={"type": kind, "message": str(exc) or repr(exc)})
+    store_artifacts(job_id, workdir, result.artifacts)
+    timings = {
+        "queue_wait_s": _seconds(created_at, claimed_at),
+        **result.timings,
+        "total_s": _seconds(claimed_at, utcnow()),
+    }
+    worker = {**worker, "backend": result.device.get("backend"), "devices": result.device.get("devices", worker.get("devices"))}
+    return finish(job_id, "succeeded", timings=timings, result=result.result, worker=worker)
+
+
+def claim(job_id: str, worker: dict) -> datetime | None:
+    """Compare-and-set the row from queued to running; the claim time, or None if another won."""
+    now = utcnow()
+    with session_scope() as session:
+        won = session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "queued")
+            .values(status="running", started_at=now, attempts=Job.attempts + 1, worker=worker)
+        ).rowcount
+        session.commit()
+    return now if won else None
+
+
+class JobHooks:
+    """The trainer's callbacks for one job: record each epoch, honour cancel and max_runtime_s."""
+
+    def __init__(self, job_id: str, max_runtime_s: float | None) -> None:
+        self.job_id = job_id
+        self.deadline = time.monotonic() + max_runtime_s if max_runtime_s else None
+        self.max_runtime_s = max_runtime_s
+        self.last_poll = 0.0
+
+    def report(self, epoch: int, metrics: trainers.EpochMetrics) -> None:
+        """Store the epoch's metrics (once, even if reported again) and the job's progress."""
+        with session_scope() as session:
+            try:
+                with session.begin_nested():
+                    session.add(EpochMetric(job_id=self.job_id, **metrics.to_dict()))
+            except IntegrityError:
+                log.info("job %s epoch %d was already recorded", self.job_id, epoch)
+            session.execute(update(Job).where(Job.id == self.job_id).values(epoch=epoch))
+            session.commit()
+        self.should_stop(force=True)
+
+    def should_stop(self, force: bool = False) -> None:
+        """Raise StopTraining when the job was cancelled or ran past max_runtime_s."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise trainers.StopTraining("timeout", f"the job ran longer than max_runtime_s={self.max_runtime_s}")
+        now = time.monotonic()
+        if not force and now - self.last_poll < CANCEL_POLL_S:
+            return
+        self.last_poll = now
+        with session_scope() as session:
+            cancelled = session.scalar(select(Job.cancel_requested).where(Job.id == self.job_id))
+        if cancelled:
+            raise trainers.StopTraining("cancelled", "cancelled by the user")
+
+
+def store_artifacts(job_id: str, workdir: Path, names: list[str]) -> None:
+    """Record each file the trainer wrote, with its size and sha256; never twice."""
+    with session_scope() as session:
+        known = set(session.scalars(select(Artifact.name).where(Artifact.job_id == job_id)))
+        for name in names:
+            if name in known:
+                continue
+            path = workdir / name
+            session.add(
+                Artifact(job_id=job_id, name=name, size_bytes=path.stat().st_size, sha256=sha256_file(path), path=str(path))
+            )
+        session.commit()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def finish(job_id: str, status: str, **values) -> str:
+    """End the job with `status` unless it has already ended (a cancel of a queued job wins)."""
+    with session_scope() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "running")
+            .values(status=status, finished_at=utcnow(), **values)
+        )
+        session.commit()
+    log.info("job %s %s", job_id, status)
+    return status
+
+
+def _seconds(start: datetime, end: datetime) -> float:
+    # SQLite hands back naive datetimes; both ends are UTC.
+    if start.tzinfo is None or end.tzinfo is None:
+        start, end = start.replace(tzinfo=None), end.replace(tzinfo=None)
+    return round((end - start).total_seconds(), 6)

@@ -1,0 +1,19 @@
+"""The one task: take a job id and run it. Logic lives in workers/runner.py."""
+
+from __future__ import annotations
+
+from app.queue import RUN_JOB_TASK
+from workers import runner
+from workers.celery_app import celery
+from workers.identity import current_worker
+
+
+@celery.task(name=RUN_JOB_TASK)
+def run_job(job_id: str) -> str:
+    """Run job `job_id` if it is still queued; return the status it ended with or "skipped"."""
+    worker = current_worker()
+    worker.current_job_id = job_id
+    try:
+        return runner.run(job_id, worker.job_info())
+    finally:
+        worker.current_job_id = None

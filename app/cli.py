@@ -62,7 +62,8 @@ def up(
     signal.signal(signal.SIGTERM, on_signal)
     try:
         running.wait_ready()
-        print(f"trainhub is up at {running.url} (docs at {running.url}/docs)", flush=True)
+        print(f"trainhub is up at {running.url} (docs at {running.url}/docs; logs in {settings.var_dir / 'logs'})",
+              flush=True)
         print(f"API key: {secret}", flush=True)
         while not stopped.wait(0.5):
             dead = [p for p in running.processes if p.poll() is not None]

@@ -18,6 +18,8 @@ class Settings(BaseSettings):
       `redis://127.0.0.1:6379/0` in production.
     - artifact_dir: where workers write each job's files (`<artifact_dir>/<job id>/`).
     - data_dir: where MNIST-format data is looked for first (read by trainers/data.py).
+    - compile_cache_dir: JAX's persistent compilation cache, shared by a host's workers
+      (default `<var_dir>/jax-cache`).
     - api_key: the key the CLI sends as `Authorization: Bearer ...`.
     - api_url: where the CLI finds the API.
     """
@@ -29,6 +31,7 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     artifact_dir: Path | None = None
     data_dir: Path | None = None
+    compile_cache_dir: Path | None = None
     api_key: str | None = None
     api_url: str = "http://127.0.0.1:8000"
     # A worker counts as online while its last heartbeat is younger than this (seconds).

@@ -91,7 +91,7 @@ def side_by_side(jobs: list[dict], weights: dict[str, Path]) -> Table:
     table = Table(title="The seeds' MNIST MLP, trained by trainhub")
     table.add_column("")
     for job in jobs:
-        table.add_column(job["spec"]["framework"], justify="right")
+        table.add_column(job["spec"]["framework"], justify="right", overflow="fold")
 
     def row(label: str, value) -> None:
         table.add_row(label, *[value(j) for j in jobs])

@@ -72,15 +72,21 @@ def embedded_env(var_dir: Path) -> dict[str, str]:
 
 
 def start(var_dir: Path, host: str, port: int, workers: int = 1) -> Stack:
-    """Start the API and `workers` cpu workers; the caller waits for readiness and stops them."""
+    """Start the API and `workers` cpu workers, logging to `<var_dir>/logs/`; the caller waits
+    for readiness and stops them."""
     env = embedded_env(var_dir)
+    logs = var_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
     stack = Stack(url=f"http://{host}:{port}")
-    stack.processes.append(subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port), "--log-level", "warning"],
-        env=env,
-    ))
-    for _ in range(workers):
-        stack.processes.append(subprocess.Popen(
-            [sys.executable, "-m", "workers", "--hardware", "cpu", "--loglevel", "WARNING"], env=env,
-        ))
+    api = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port)]
+    stack.processes.append(subprocess.Popen(api, env=env, stdout=_log(logs / "api.log"), stderr=subprocess.STDOUT))
+    for i in range(workers):
+        worker = [sys.executable, "-m", "workers", "--hardware", "cpu"]
+        stack.processes.append(
+            subprocess.Popen(worker, env=env, stdout=_log(logs / f"worker-{i}.log"), stderr=subprocess.STDOUT)
+        )
     return stack
+
+
+def _log(path: Path):
+    return open(path, "ab")

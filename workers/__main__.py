@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from workers.hardware import FRAMEWORKS, detect, pin
@@ -42,8 +43,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.hardware}; nothing to do", file=sys.stderr)
         return 2
 
+    from app.config import get_settings
     from app.db import migrate
     from workers.celery_app import celery
+
+    settings = get_settings()
+    # trainers/ reads the cache location from the environment (it knows nothing of Settings).
+    os.environ.setdefault("TRAINHUB_COMPILE_CACHE_DIR",
+                          str((settings.compile_cache_dir or settings.var_dir / "jax-cache").resolve()))
     from workers.identity import register, start_heartbeat
 
     migrate()

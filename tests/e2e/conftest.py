@@ -1,0 +1,68 @@
+"""Real processes: uvicorn serving the API and `trainhub worker` over PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.client import TrainhubClient
+from app.stack import Stack, free_port
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.e2e)
+
+
+@dataclass
+class Service:
+    url: str
+    env: dict[str, str]
+    stack: Stack
+    artifact_dir: Path
+
+    def new_key(self, name: str = "e2e") -> str:
+        """A key made the way a user makes one: `trainhub keys create`, last line of stdout."""
+        out = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", name],
+                             env=self.env, capture_output=True, text=True, check=True).stdout
+        return out.strip().splitlines()[-1]
+
+    def client(self, key: str | None = None) -> TrainhubClient:
+        return TrainhubClient(self.url, key or self.new_key())
+
+    def start_worker(self, *args: str) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", *args], env=self.env)
+        self.stack.processes.append(process)
+        return process
+
+
+@pytest.fixture(scope="module")
+def service(database_url, redis_url, tmp_path_factory) -> Service:
+    """The API and one cpu worker, shared by the tests of a module."""
+    redis.Redis.from_url(redis_url).flushdb()
+    root = tmp_path_factory.mktemp("service")
+    env = {
+        **os.environ,
+        "TRAINHUB_DATABASE_URL": database_url,
+        "TRAINHUB_BROKER_URL": redis_url,
+        "TRAINHUB_ARTIFACT_DIR": str(root / "artifacts"),
+        "TRAINHUB_VAR_DIR": str(root / "var"),
+        "TRAINHUB_COMPILE_CACHE_DIR": str(root / "jax-cache"),
+    }
+    port = free_port()
+    stack = Stack(url=f"http://127.0.0.1:{port}")
+    stack.processes.append(subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"], env=env))
+    svc = Service(url=stack.url, env=env, stack=stack, artifact_dir=root / "artifacts")
+    svc.start_worker("--hardware", "cpu")
+    try:
+        stack.wait_ready()
+        yield svc
+    finally:
+        stack.stop()

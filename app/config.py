@@ -55,6 +55,7 @@ class Settings(BaseSettings):
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
 

@@ -19,7 +19,7 @@ def make_celery(settings: Settings) -> Celery:
     """A Celery app configured for trainhub's broker; the worker builds on the same config."""
     celery = Celery("trainhub", broker=settings.resolved_broker_url())
     transport_options = settings.broker_transport_options()
-    for key in ("data_folder_in", "processed_folder"):
+    for key in ("data_folder_in", "processed_folder", "control_folder"):
         if key in transport_options:
             Path(transport_options[key]).mkdir(parents=True, exist_ok=True)
     if settings.resolved_broker_url().startswith("redis"):

@@ -1,0 +1,85 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from trainers.base import EpochMetrics
+from trainers.common import (
+    architecture,
+    epoch_batches,
+    fit_timings,
+    init_params,
+    steady_epoch_s,
+    write_common_artifacts,
+)
+from trainers.spec import JobSpec
+
+
+def test_init_params_names_shapes_and_scale():
+    weights = init_params(784, [256, 128], 10, seed=0)
+
+    assert {name: w.shape for name, w in weights.items()} == {
+        "layers.0.weight": (256, 784), "layers.0.bias": (256,),
+        "layers.1.weight": (128, 256), "layers.1.bias": (128,),
+        "layers.2.weight": (10, 128), "layers.2.bias": (10,),
+    }
+    assert all(w.dtype == np.float32 for w in weights.values())
+    assert not weights["layers.1.bias"].any()
+    assert weights["layers.0.weight"].std() == pytest.approx(np.sqrt(2 / 784), rel=0.02)
+    assert architecture(weights) == (784, [256, 128], 10)
+
+
+def test_init_params_depends_on_the_seed_only():
+    a, b, c = init_params(64, [32], 10, 7), init_params(64, [32], 10, 7), init_params(64, [32], 10, 8)
+    np.testing.assert_array_equal(a["layers.0.weight"], b["layers.0.weight"])
+    assert not np.array_equal(a["layers.0.weight"], c["layers.0.weight"])
+
+
+def test_epoch_batches_drop_the_partial_batch():
+    batches = epoch_batches(seed=0, epoch=1, n=1000, batch_size=128)
+
+    assert batches.shape == (7, 128) and batches.dtype == np.int32
+    assert len(np.unique(batches)) == 7 * 128 and 0 <= batches.min() and batches.max() < 1000
+    np.testing.assert_array_equal(batches, epoch_batches(0, 1, 1000, 128))
+    assert not np.array_equal(batches, epoch_batches(0, 2, 1000, 128))
+    with pytest.raises(ValueError):
+        epoch_batches(0, 1, 100, 128)
+
+
+def metrics(epoch: int, epoch_time_s: float) -> EpochMetrics:
+    return EpochMetrics(epoch, 0.5, 0.8, 0.4, 0.85, epoch_time_s, 0.01, 1000.0)
+
+
+def test_timings_leave_the_first_epoch_out_of_the_steady_time():
+    epochs = [metrics(1, 3.0), metrics(2, 1.0), metrics(3, 2.0), metrics(4, 1.2)]
+    timings = fit_timings(0.5, 0.7, 1, epochs)
+
+    assert timings["steady_epoch_s"] == 1.2 and timings["first_epoch_s"] == 3.0
+    assert timings["train_s"] == pytest.approx(7.2) and timings["compilations"] == 1
+    assert steady_epoch_s([2.5]) == 2.5
+
+
+def test_common_artifacts(tmp_path):
+    spec = JobSpec(framework="jax", dataset={"name": "digits"})
+    weights = init_params(64, [16], 10, 0)
+
+    names = write_common_artifacts(tmp_path, weights, [metrics(1, 1.0)], spec)
+
+    assert names == ["weights.safetensors", "metrics.json", "spec.json"]
+    loaded = load_file(tmp_path / "weights.safetensors")
+    np.testing.assert_array_equal(loaded["layers.0.weight"], weights["layers.0.weight"])
+    assert json.loads((tmp_path / "metrics.json").read_text())[0]["test_accuracy"] == 0.85
+    assert JobSpec.model_validate_json((tmp_path / "spec.json").read_text()) == spec
+
+
+def test_the_package_imports_no_framework():
+    code = (
+        "import sys, trainers, trainers.data, trainers.common\n"
+        "heavy = {'jax', 'torch', 'flax', 'optax', 'torchvision',\n"
+        "         'celery', 'sqlalchemy', 'fastapi', 'app', 'workers'}\n"
+        "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

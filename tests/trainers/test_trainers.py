@@ -1,0 +1,170 @@
+"""Both trainers on tiny data: learning, reporting, timings, artifacts, stopping, hardware."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import torch
+from flax.serialization import msgpack_restore
+from safetensors.numpy import load_file
+
+from trainers import HardwareMismatch, StopTraining, fit
+from trainers.data import load_dataset
+from trainers.spec import DatasetSpec
+
+FRAMEWORKS = ["jax", "pytorch"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_learns_digits_and_reports_every_epoch(digits_runs, framework):
+    run = digits_runs[framework]
+
+    assert [epoch for epoch, _ in run.reported] == [1, 2, 3]
+    assert [metrics for _, metrics in run.reported] == run.result.metrics
+    assert run.result.result["test_accuracy"] > 0.9
+    assert run.result.result["test_accuracy"] == run.result.metrics[-1].test_accuracy
+    losses = [m.train_loss for m in run.result.metrics]
+    assert losses == sorted(losses, reverse=True)
+    assert all(isinstance(value, (int, float)) for value in run.result.metrics[-1].to_dict().values())
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_timings(digits_runs, framework):
+    timings = digits_runs[framework].result.timings
+    epoch_times = [m.epoch_time_s for m in digits_runs[framework].result.metrics]
+
+    assert timings["train_s"] == pytest.approx(sum(epoch_times))
+    assert timings["first_epoch_s"] == epoch_times[0]
+    assert timings["steady_epoch_s"] == pytest.approx(np.median(epoch_times[1:]))
+    assert timings["setup_s"] > 0
+    if framework == "jax":
+        # 89 steps an epoch in two chunks of 45: the padded last chunk reuses the one program.
+        assert timings["compilations"] == 1 and timings["compile_s"] > 0
+    else:
+        assert timings["compilations"] == 0 and timings["compile_s"] == 0
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_artifacts(digits_runs, framework):
+    run = digits_runs[framework]
+    own = {"jax": "params.msgpack", "pytorch": "state_dict.pt"}[framework]
+
+    assert run.result.artifacts == ["weights.safetensors", "metrics.json", "spec.json", own]
+    assert all((run.workdir / name).stat().st_size > 0 for name in run.result.artifacts)
+    weights = load_file(run.workdir / "weights.safetensors")
+    assert {name: w.shape for name, w in weights.items()} == {
+        "layers.0.weight": (256, 64), "layers.0.bias": (256,),
+        "layers.1.weight": (128, 256), "layers.1.bias": (128,),
+        "layers.2.weight": (10, 128), "layers.2.bias": (10,),
+    }
+    assert run.result.device["devices"] == ["cpu:0"] and run.result.device["backend"] == "cpu"
+
+
+def test_state_dict_loads_with_weights_only(digits_runs):
+    run = digits_runs["pytorch"]
+    state_dict = torch.load(run.workdir / "state_dict.pt", weights_only=True)
+    weights = load_file(run.workdir / "weights.safetensors")
+    assert set(state_dict) == set(weights)
+    for name, tensor in state_dict.items():
+        np.testing.assert_array_equal(tensor.numpy(), weights[name])
+
+
+def test_params_msgpack_matches_the_weights(digits_runs):
+    run = digits_runs["jax"]
+    params = msgpack_restore((run.workdir / "params.msgpack").read_bytes())
+    weights = load_file(run.workdir / "weights.safetensors")
+    np.testing.assert_array_equal(params["layers_1"]["kernel"], weights["layers.1.weight"].T)
+
+
+def test_jax_weights_load_into_pytorch(digits_runs):
+    from trainers import torch_models
+
+    run = digits_runs["jax"]
+    digits = load_dataset(DatasetSpec(name="digits"))
+    model = torch_models.load_weights(run.workdir / "weights.safetensors")
+    _, accuracy = torch_models.evaluate(model, digits.x_test, digits.y_test)
+    assert accuracy == pytest.approx(run.result.result["test_accuracy"], abs=0.001)
+
+
+def test_pytorch_weights_load_into_jax(digits_runs):
+    from trainers import jax_models
+
+    run = digits_runs["pytorch"]
+    digits = load_dataset(DatasetSpec(name="digits"))
+    model, params = jax_models.load_weights(run.workdir / "weights.safetensors")
+    _, accuracy = jax_models.evaluate(model, params, digits.x_test, digits.y_test)
+    assert accuracy == pytest.approx(run.result.result["test_accuracy"], abs=0.001)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_stop_training_keeps_the_epochs_reported_so_far(tmp_path, digits_spec, framework):
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        # Two checks an epoch (89 steps; one per chunk or every 50): the fourth is in epoch 2.
+        if len(calls) == 4:
+            raise StopTraining("cancelled")
+
+    reported = []
+    with pytest.raises(StopTraining) as raised:
+        fit(digits_spec(framework, epochs=5), tmp_path, lambda epoch, m: reported.append(epoch), should_stop)
+
+    assert raised.value.reason == "cancelled"
+    assert reported == [1]
+    assert not (tmp_path / "weights.safetensors").exists()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_dropout_trains(tmp_path, digits_spec, train, framework):
+    run = train(digits_spec(framework, epochs=1, batch_size=64, model={"dropout": 0.3}), tmp_path)
+    assert run.result.metrics[0].train_accuracy > 0.3
+    assert run.result.result["test_accuracy"] > 0.5
+
+
+def test_jax_refuses_a_gpu_job_without_a_gpu(tmp_path, digits_spec):
+    if jax.default_backend() == "gpu":
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(HardwareMismatch, match="gpu"):
+        fit(digits_spec("jax", hardware="gpu"), tmp_path, lambda *_: None)
+
+
+def test_pytorch_refuses_a_gpu_job_without_a_gpu(tmp_path, digits_spec):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(HardwareMismatch, match="gpu"):
+        fit(digits_spec("pytorch", hardware="gpu"), tmp_path, lambda *_: None)
+
+
+def test_jax_chunks_pad_the_last_one_with_masked_steps():
+    from trainers.common import epoch_batches
+    from trainers.jax_trainer import _chunk_steps, _chunks
+
+    assert [_chunk_steps(steps) for steps in (11, 50, 51, 89, 468)] == [11, 50, 26, 45, 47]
+
+    batches = epoch_batches(0, 1, n=1437, batch_size=16)  # 89 steps
+    chunks = list(_chunks(batches, 50))
+
+    assert [batch_idx.shape for batch_idx, _, _ in chunks] == [(50, 16), (50, 16)]
+    assert [int(valid.sum()) for _, _, valid in chunks] == [50, 39]
+    ran = np.concatenate([batch_idx[valid] for batch_idx, _, valid in chunks])
+    np.testing.assert_array_equal(ran, batches)
+    np.testing.assert_array_equal(np.concatenate([ids for _, ids, _ in chunks])[:89], np.arange(89))
+
+
+def test_jax_persistent_compilation_cache(tmp_path):
+    # In a child process: the cache directory is process-wide jax configuration.
+    code = (
+        "import tempfile; from pathlib import Path; from trainers import JobSpec, fit\n"
+        "spec = JobSpec(framework='jax', dataset={'name': 'digits'}, epochs=1)\n"
+        "for _ in range(2):\n"
+        "    result = fit(spec, Path(tempfile.mkdtemp()), lambda *_: None)\n"
+        "    assert result.timings['compilations'] == 1, result.timings\n"
+    )
+    env = {**os.environ, "TRAINHUB_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parents[2])
+    assert any(name.startswith("jit_train_chunk") for name in os.listdir(tmp_path / "cache"))

@@ -1,0 +1,251 @@
+"""Datasets as numpy arrays, the same for both frameworks.
+
+Every dataset comes out as flat float32 features in [0, 1] and int32 class labels, split into
+train and test, limited to the first `train_limit`/`test_limit` examples of each split.
+
+MNIST-format data (`mnist`, `fashion-mnist`) is read from IDX files (gzip-compressed or raw),
+looked up in this order:
+
+1. `$TRAINHUB_DATA_DIR`: its dataset folders (`fashion-mnist/`, `FashionMNIST/raw/` or
+   `mnist/`, `MNIST/raw/`, the latter as torchvision lays them out), then the folder itself;
+2. where the OS keeps it: `/usr/share/datasets/<name>` (Debian's `dataset-fashion-mnist`);
+3. a torchvision download into `$TRAINHUB_DATA_DIR`, or `~/.cache/trainhub/data` when unset.
+
+This module imports numpy (and scikit-learn for `digits`) only; torchvision is imported only
+when a download is attempted.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainers.spec import DatasetSpec
+
+
+class DataNotFound(Exception):
+    """The dataset's files are nowhere to be found and could not be downloaded."""
+
+
+@dataclass
+class Dataset:
+    """A classification dataset split into train and test.
+
+    x_train: float32 [N, D] in [0, 1]; y_train: int32 [N] in [0, num_classes).
+    x_test: float32 [M, D]; y_test: int32 [M]. Arrays may be read-only views of a cache
+    shared by every job of the process: copy before writing to them.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+    @property
+    def in_features(self) -> int:
+        return self.x_train.shape[1]
+
+
+def load_dataset(spec: DatasetSpec) -> Dataset:
+    """Load `spec.name` and keep the first `train_limit`/`test_limit` examples of each split.
+
+    Raises DataNotFound for mnist/fashion-mnist when the IDX files are neither in
+    TRAINHUB_DATA_DIR nor in the OS location and cannot be downloaded.
+    """
+    if spec.name == "synthetic":
+        # Generated at exactly the requested size; the first N examples do not depend on it.
+        return _synthetic(spec.train_limit or SYNTHETIC_TRAIN, spec.test_limit or SYNTHETIC_TEST)
+    full = _digits() if spec.name == "digits" else _mnist_format(spec.name)
+    return Dataset(
+        x_train=full.x_train[: spec.train_limit],
+        y_train=full.y_train[: spec.train_limit],
+        x_test=full.x_test[: spec.test_limit],
+        y_test=full.y_test[: spec.test_limit],
+        num_classes=full.num_classes,
+    )
+
+
+# --- MNIST-format IDX files -------------------------------------------------------------
+
+IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+_DATA_SUBDIRS = {"fashion-mnist": ["fashion-mnist", "FashionMNIST/raw"], "mnist": ["mnist", "MNIST/raw"]}
+_OS_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist", "mnist": "/usr/share/datasets/mnist"}
+_APT_PACKAGES = {"fashion-mnist": "dataset-fashion-mnist"}  # Debian packages no MNIST
+_TORCHVISION_CLASSES = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST"}
+
+
+def data_dir() -> Path:
+    """Where datasets are looked up and downloaded: $TRAINHUB_DATA_DIR or ~/.cache/trainhub/data."""
+    configured = os.environ.get("TRAINHUB_DATA_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "trainhub" / "data"
+
+
+def _mnist_format(name: str) -> Dataset:
+    folder = _find_idx_folder(name)
+    if folder is None:
+        _download(name)
+        folder = _find_idx_folder(name)
+    if folder is None:
+        raise DataNotFound(_not_found_message(name))
+    arrays = {key: _read_idx_file(folder, stem) for key, stem in IDX_FILES.items()}
+    return Dataset(
+        x_train=arrays["x_train"], y_train=arrays["y_train"],
+        x_test=arrays["x_test"], y_test=arrays["y_test"], num_classes=10,
+    )
+
+
+def _candidate_folders(name: str) -> list[Path]:
+    root = data_dir()
+    if os.environ.get("TRAINHUB_DATA_DIR"):
+        # The dataset's own folders first: the bare root may hold the other dataset's files.
+        return [root / sub for sub in _DATA_SUBDIRS[name]] + [root, Path(_OS_DIRS[name])]
+    # Without TRAINHUB_DATA_DIR, an earlier download may sit in the cache folder.
+    return [Path(_OS_DIRS[name]), root / _DATA_SUBDIRS[name][1]]
+
+
+def _find_idx_folder(name: str) -> Path | None:
+    for folder in _candidate_folders(name):
+        if all(_idx_path(folder, stem) is not None for stem in IDX_FILES.values()):
+            return folder
+    return None
+
+
+def _idx_path(folder: Path, stem: str) -> Path | None:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _download(name: str) -> None:
+    """Download with torchvision into data_dir(); failures are left for the caller to report."""
+    try:
+        from torchvision import datasets  # lazy: heavy, and absent from the API image
+    except ImportError:
+        return
+    dataset_class = getattr(datasets, _TORCHVISION_CLASSES[name])
+    root = data_dir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for train in (True, False):
+            dataset_class(str(root), train=train, download=True)
+    except (OSError, RuntimeError):  # offline, read-only disk, bad checksum
+        return
+
+
+def _not_found_message(name: str) -> str:
+    files = ", ".join(f"{stem}[.gz]" for stem in IDX_FILES.values())
+    looked_in = ", ".join(str(folder) for folder in _candidate_folders(name))
+    ways = [
+        f"put its IDX files ({files}) into $TRAINHUB_DATA_DIR/{_DATA_SUBDIRS[name][0]}/",
+        "download them where there is internet access with `python -c \"from torchvision import "
+        f"datasets; datasets.{_TORCHVISION_CLASSES[name]}('DIR', download=True)\"` and set "
+        "TRAINHUB_DATA_DIR=DIR",
+    ]
+    if name in _APT_PACKAGES:
+        ways.insert(0, f"on Debian or Ubuntu, `apt-get install {_APT_PACKAGES[name]}`")
+    return (
+        f"dataset {name!r} not found: looked in {looked_in} and could not download it into "
+        f"{data_dir()}. To get it: " + "; or ".join(ways) + "."
+    )
+
+
+def _read_idx_file(folder: Path, stem: str) -> np.ndarray:
+    path = _idx_path(folder, stem).resolve()
+    stat = path.stat()
+    # The modification time and size are in the key so a replaced file is read again.
+    return _parse_idx_cached(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_idx_cached(path: str, mtime_ns: int, size: int) -> np.ndarray:
+    array = parse_idx(Path(path))
+    if array.ndim > 1:
+        # Images: flatten to [N, rows*cols] and scale to [0, 1] once per process, not per job.
+        array = array.reshape(len(array), -1).astype(np.float32) / np.float32(255)
+    else:
+        array = array.astype(np.int32)
+    array.setflags(write=False)  # shared by every job of the process
+    return array
+
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def parse_idx(path: Path) -> np.ndarray:
+    """Parse an IDX file (yann.lecun.com/exdb/mnist format), gzip-compressed or raw.
+
+    The header is two zero bytes, a type byte, the number of dimensions, then each dimension
+    as a big-endian uint32. Returns an array of that shape in the file's type (uint8 for
+    MNIST). Raises ValueError when the file is not IDX or is truncated.
+    """
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path} is not an IDX file")
+    ndim = raw[3]
+    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    offset = 4 + 4 * ndim
+    count = int(np.prod(shape))
+    if len(raw) < offset + count * dtype.itemsize:
+        raise ValueError(f"{path} is truncated: expected shape {shape}")
+    return np.frombuffer(raw, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+# --- digits and synthetic -----------------------------------------------------------------
+
+DIGITS_TEST = 360  # 20% of scikit-learn's 1797 digits; 1437 remain for training
+DIGITS_SPLIT_SEED = 0  # fixed, so the split is the same whatever the job's seed
+
+
+@functools.lru_cache(maxsize=1)
+def _digits() -> Dataset:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)  # pixel intensities are 0..16
+    y = digits.target.astype(np.int32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=DIGITS_TEST, random_state=DIGITS_SPLIT_SEED, stratify=y
+    )
+    for array in (x_train, x_test, y_train, y_test):
+        array.setflags(write=False)
+    return Dataset(x_train, y_train, x_test, y_test, num_classes=10)
+
+
+SYNTHETIC_TRAIN = 10000
+SYNTHETIC_TEST = 2000
+SYNTHETIC_FEATURES = 784
+SYNTHETIC_CLASSES = 10
+
+
+def _synthetic(n_train: int, n_test: int) -> Dataset:
+    """Uniform features labelled by a fixed random linear teacher: learnable, deterministic."""
+    teacher = np.random.default_rng(12345).standard_normal(
+        (SYNTHETIC_FEATURES, SYNTHETIC_CLASSES), dtype=np.float32
+    )
+
+    def split(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        # Rows are drawn one after another, so the first k rows are the same for every n >= k.
+        x = np.random.default_rng(seed).random((n, SYNTHETIC_FEATURES), dtype=np.float32)
+        y = np.argmax((x - 0.5) @ teacher, axis=1).astype(np.int32)
+        return x, y
+
+    x_train, y_train = split(1, n_train)
+    x_test, y_test = split(2, n_test)
+    return Dataset(x_train, y_train, x_test, y_test, num_classes=SYNTHETIC_CLASSES)

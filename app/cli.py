@@ -160,16 +160,10 @@ def submit(
     as_json: Annotated[bool, typer.Option("--json", help="print the Job as JSON")] = False,
 ) -> None:
     """Submit a job; prints its id (or the Job as JSON)."""
-    if spec_file:
-        spec = json.loads(spec_file.read_text())
-    else:
-        spec = {
-            "framework": framework, "hardware": hardware, "epochs": epochs, "batch_size": batch_size, "seed": seed,
-            "model": {"name": "mlp", "hidden_sizes": [int(h) for h in hidden_sizes.split(",") if h], "dropout": dropout},
-            "dataset": {"name": dataset, "train_limit": train_limit, "test_limit": test_limit},
-            "optimizer": {"name": "adam", "learning_rate": learning_rate},
-            "name": name,
-        }
+    spec = spec_from_options(spec_file, hardware=hardware, dataset=dataset, epochs=epochs, batch_size=batch_size,
+                             learning_rate=learning_rate, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
+                             train_limit=train_limit, test_limit=test_limit, name=name)
+    spec["framework"] = framework
     with client_from_settings() as client:
         job = call(client.submit, spec)
         if wait:
@@ -180,6 +174,19 @@ def submit(
         print(job["id"])
     if wait and job["status"] != "succeeded":
         raise typer.Exit(1)
+
+
+def spec_from_options(spec_file: Path | None, *, hidden_sizes: str, dropout: float, dataset: str,
+                      train_limit: int | None, test_limit: int | None, learning_rate: float, **fields) -> dict:
+    """A JobSpec body from the command's options, or from a JSON file when one is given."""
+    if spec_file:
+        return json.loads(spec_file.read_text())
+    return {
+        **fields,
+        "model": {"name": "mlp", "hidden_sizes": [int(h) for h in hidden_sizes.split(",") if h], "dropout": dropout},
+        "dataset": {"name": dataset, "train_limit": train_limit, "test_limit": test_limit},
+        "optimizer": {"name": "adam", "learning_rate": learning_rate},
+    }
 
 
 def follow(client: TrainhubClient, job_id: str) -> dict:
@@ -248,6 +255,80 @@ def download(
         names = [artifact] if artifact else [a["name"] for a in call(client.artifacts, job_id)]
         for name in names:
             print(call(client.download, job_id, name, output))
+
+
+@cli.command()
+def compare(
+    hardware: str = "cpu",
+    dataset: Annotated[str, typer.Option(help="fashion-mnist, mnist, digits or synthetic")] = "fashion-mnist",
+    epochs: int = 10,
+    batch_size: int = 128,
+    learning_rate: float = 1e-3,
+    hidden_sizes: Annotated[str, typer.Option(help="comma-separated, e.g. 256,128")] = "256,128",
+    dropout: float = 0.0,
+    seed: int = 0,
+    train_limit: Optional[int] = None,
+    test_limit: Optional[int] = None,
+    name: Optional[str] = None,
+    spec_file: Annotated[Optional[Path], typer.Option("--spec", help="a spec JSON file (no framework)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the Comparison as JSON")] = False,
+) -> None:
+    """Train one spec in JAX and in PyTorch and print them side by side."""
+    spec = spec_from_options(spec_file, hardware=hardware, dataset=dataset, epochs=epochs, batch_size=batch_size,
+                             learning_rate=learning_rate, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
+                             train_limit=train_limit, test_limit=test_limit, name=name)
+    with client_from_settings() as client:
+        comparison = call(client.compare, spec)
+        console.print(f"comparison {comparison['id']}: jax job {comparison['jobs']['jax']['id']}, "
+                      f"pytorch job {comparison['jobs']['pytorch']['id']}")
+        with console.status("training in both frameworks…") as spinner:
+            def update(c: dict) -> None:
+                spinner.update(" · ".join(
+                    f"{fw} {job['status']} epoch {job['progress']['epoch']}/{job['progress']['epochs']}"
+                    for fw, job in c["jobs"].items()))
+            comparison = call(client.wait_comparison, comparison["id"], on_update=update)
+    if as_json:
+        print(json.dumps(comparison, indent=2))
+    else:
+        Console().print(comparison_table(comparison))
+    if comparison["status"] != "succeeded":
+        error = comparison["error"] or {}
+        fail(f"comparison {comparison['status']}: {error.get('type', '')}: {error.get('message', '')}")
+
+
+def comparison_table(comparison: dict) -> Table:
+    """The seeds' "Side by side" table, with measured numbers and the JAX/PyTorch ratio."""
+    spec = comparison["spec"]
+    table = Table(title=f"{spec['dataset']['name']} MLP {spec['model']['hidden_sizes']} on {spec['hardware']}, "
+                        f"{spec['epochs']} epochs", caption=(comparison["parity"] or {}).get("message"))
+    for column in ("", "PyTorch", "JAX", "JAX / PyTorch"):
+        table.add_column(column, justify="left" if not column else "right")
+    for row in comparison["table"] or []:
+        table.add_row(row["metric"], _number(row["pytorch"]), _number(row["jax"]), _number(row["ratio"]))
+    return table
+
+
+def _number(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+@cli.command()
+def export(
+    job_id: str,
+    to: Annotated[str, typer.Option(help="the framework whose format to write: pytorch or jax")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="directory")] = Path("."),
+) -> None:
+    """Download a job's weights and write them in the other framework's format
+    (state_dict.pt for pytorch, params.msgpack for jax)."""
+    if to not in ("pytorch", "jax"):
+        fail(f"--to must be pytorch or jax, not {to!r}")
+    with client_from_settings() as client:
+        weights = call(client.download, job_id, "weights.safetensors", output)
+    from trainers.export import export as export_weights  # imports the framework; client side only
+
+    print(export_weights(weights, to, output))
 
 
 @cli.command()

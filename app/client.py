@@ -93,6 +93,29 @@ class TrainhubClient:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s} s")
             time.sleep(poll_s)
 
+    def compare(self, spec: dict) -> dict:
+        """POST /comparisons: the spec (no framework) trained in JAX and in PyTorch."""
+        return self._request("POST", "/comparisons", json=spec)
+
+    def get_comparison(self, comparison_id: str) -> dict:
+        return self._request("GET", f"/comparisons/{comparison_id}")
+
+    def wait_comparison(
+        self, comparison_id: str, poll_s: float = 0.5, timeout_s: float | None = None,
+        on_update: Callable[[dict], None] | None = None,
+    ) -> dict:
+        """Poll until the comparison ends (both jobs and the parity check); the final Comparison."""
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        while True:
+            comparison = self.get_comparison(comparison_id)
+            if on_update:
+                on_update(comparison)
+            if comparison["status"] in FINISHED:
+                return comparison
+            if deadline and time.monotonic() > deadline:
+                raise TimeoutError(f"comparison {comparison_id} still {comparison['status']} after {timeout_s} s")
+            time.sleep(poll_s)
+
     def artifacts(self, job_id: str) -> list[dict]:
         return self._request("GET", f"/jobs/{job_id}/artifacts")
 

@@ -39,23 +39,33 @@ def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: 
             if earlier.spec != spec_json:
                 raise IdempotencyConflict(idempotency_key)
             return earlier
-    job = Job(
+    job = new_job(owner, spec, idempotency_key)
+    session.add(job)
+    session.commit()
+    enqueue(job)
+    return job
+
+
+def new_job(owner: ApiKey, spec: JobSpec, idempotency_key: str | None = None) -> Job:
+    """A queued job row for `spec`, not yet added to a session."""
+    return Job(
         owner_id=owner.id,
         status="queued",
         framework=spec.framework,
         hardware=spec.hardware,
-        spec=spec_json,
+        spec=spec.model_dump(mode="json"),
         epochs=spec.epochs,
         idempotency_key=idempotency_key,
         created_at=utcnow(),
     )
-    session.add(job)
-    session.commit()
+
+
+def enqueue(job: Job) -> None:
+    """Send a committed job's id to its queue; a broker error is logged and the job stays queued."""
     try:
         queue.enqueue(job.id, job.hardware, job.framework)
     except Exception:  # the row is the source of truth; the job waits for the broker
         log.exception("could not enqueue job %s; it stays queued", job.id)
-    return job
 
 
 def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:

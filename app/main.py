@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
-from app.api import artifacts, health, jobs
+from app.api import artifacts, comparisons, health, jobs
 from app.db import migrate
 from app.errors import validation_error
 
@@ -29,6 +29,7 @@ def create_app() -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(artifacts.router)
+    app.include_router(comparisons.router)
     return app
 
 

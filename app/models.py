@@ -123,3 +123,21 @@ class Worker(Base):
     current_job_id: Mapped[str | None] = mapped_column(String(36))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Comparison(Base):
+    """The same spec trained in JAX and in PyTorch. `parity` is filled by the worker that
+    finishes the second job (see trainers/parity.py)."""
+
+    __tablename__ = "comparisons"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    spec: Mapped[dict] = mapped_column(JSON)
+    jax_job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    pytorch_job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    parity: Mapped[dict | None] = mapped_column(JSON)
+
+    jax_job: Mapped[Job] = relationship(foreign_keys=[jax_job_id], lazy="joined")
+    pytorch_job: Mapped[Job] = relationship(foreign_keys=[pytorch_job_id], lazy="joined")

@@ -7,12 +7,12 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from trainers.spec import JobSpec
+from trainers.spec import ComparisonSpec, JobSpec
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINISHED = ("succeeded", "failed", "cancelled")
 
-__all__ = ["JobSpec", "Job", "JobPage", "ArtifactInfo", "EpochMetrics", "JobStatus", "FINISHED"]
+__all__ = ["ComparisonSpec", "Comparison", "JobSpec", "Job", "JobPage", "ArtifactInfo", "EpochMetrics", "JobStatus", "FINISHED"]
 
 
 class EpochMetrics(BaseModel):
@@ -70,3 +70,32 @@ class JobPage(BaseModel):
 
     items: list[Job]
     next_cursor: str | None
+
+
+class ComparisonRow(BaseModel):
+    """One line of the side-by-side table; ratio = jax / pytorch (None when undefined)."""
+
+    metric: str
+    jax: float | None
+    pytorch: float | None
+    ratio: float | None
+
+
+class ComparisonError(BaseModel):
+    framework: Literal["jax", "pytorch"] | None
+    type: str
+    message: str
+
+
+class Comparison(BaseModel):
+    """A spec trained in both frameworks. `table` is filled once both jobs succeeded and the
+    parity check passed; when the runs disagree, `status` is failed and `error` says so."""
+
+    id: str
+    status: JobStatus
+    spec: ComparisonSpec
+    created_at: datetime
+    jobs: dict[str, Job]
+    table: list[ComparisonRow] | None
+    parity: dict | None
+    error: ComparisonError | None

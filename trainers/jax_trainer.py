@@ -75,10 +75,11 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     compile_s = time.perf_counter() - compile_start
 
     metrics: list[EpochMetrics] = []
+    first_step_loss = float("nan")
     for epoch in range(1, spec.epochs + 1):
         batches = epoch_batches(spec.seed, epoch, n, batch_size)
         epoch_start = time.perf_counter()
-        totals = np.zeros(2, np.float32)  # summed batch losses and correct predictions
+        totals = np.zeros(3, np.float32)  # summed batch losses, correct predictions, step 0's loss
         for batch_idx, step_ids, valid in _chunks(batches, chunk_steps):
             should_stop()
             state, totals = run_chunk(
@@ -86,7 +87,8 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
             )
         # The only host sync of the epoch: the clock stops once the device is done.
         jax.block_until_ready(state)
-        loss_sum, correct = (float(v) for v in jax.device_get(totals))
+        loss_sum, correct, step0_loss = (float(v) for v in jax.device_get(totals))
+        first_step_loss = step0_loss if epoch == 1 else first_step_loss
         epoch_time_s = time.perf_counter() - epoch_start
 
         eval_start = time.perf_counter()
@@ -112,7 +114,8 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     return FitResult(
         metrics=metrics,
         timings=fit_timings(setup_s, compile_s, compilations, metrics),
-        result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss},
+        result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
+                "first_step_loss": first_step_loss},
         artifacts=[*artifacts, PARAMS_FILE],
         device=_device_info(),
     )
@@ -140,7 +143,8 @@ def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key
     """Run the chunk's steps in order with `jax.lax.scan`; padded steps (valid False) are skipped.
 
     batch_idx int32 [C, B] indexes x_train/y_train; step_ids int32 [C] numbers the steps within
-    the epoch; totals float32 [2] accumulates (sum of batch losses, correct predictions).
+    the epoch; totals float32 [3] accumulates (sum of batch losses, correct predictions, the loss
+    of the epoch's step 0 — the parity check of a comparison looks at the run's first step).
     Each step's dropout key is key folded with the epoch, then with the step.
     """
     epoch_key = jax.random.fold_in(key, epoch)
@@ -152,7 +156,8 @@ def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key
             state, totals = carry
             batch = (x_train[idx], y_train[idx])
             state, (loss, correct) = train_step(state, batch, jax.random.fold_in(epoch_key, step_id))
-            return state, totals + jnp.stack([loss, correct.astype(jnp.float32)])
+            step0_loss = jnp.where(step_id == 0, loss, 0.0)
+            return state, totals + jnp.stack([loss, correct.astype(jnp.float32), step0_loss])
 
         # A real branch, not a select: a select would run padded steps and then copy every
         # param (~8% slower an epoch on CPU). The pass-through is the false branch, XLA's branch
@@ -171,7 +176,7 @@ def _compile_chunk(state, x_train, y_train, key, chunk_steps: int, batch_size: i
     batch_idx = np.zeros((chunk_steps, batch_size), np.int32)
     step_ids = np.zeros(chunk_steps, np.int32)
     valid = np.zeros(chunk_steps, bool)
-    totals = np.zeros(2, np.float32)
+    totals = np.zeros(3, np.float32)
     jitted = jax.jit(train_chunk, donate_argnums=(0, 1))  # state and totals are updated in place
     lowered = jitted.lower(state, totals, x_train, y_train, batch_idx, step_ids, valid, key, np.int32(1))
     return lowered.compile()

@@ -64,10 +64,14 @@ TRAIN_SIZES = {"mnist": 60000, "fashion-mnist": 60000, "digits": 1437, "syntheti
 TEST_SIZES = {"mnist": 10000, "fashion-mnist": 10000, "digits": 360, "synthetic": 2000}
 
 
-class JobSpec(_Strict):
-    """A training job. Every field but `framework` has a default."""
+# Input features and classes of each dataset (images are flattened: 28x28 -> 784, 8x8 -> 64).
+INPUT_FEATURES = {"mnist": 784, "fashion-mnist": 784, "digits": 64, "synthetic": 784}
+NUM_CLASSES = 10
 
-    framework: Framework = Field(description="Which framework trains the model: jax or pytorch.")
+
+class TrainingSpec(_Strict):
+    """What to train, whichever framework trains it: the fields shared by jobs and comparisons."""
+
     hardware: Hardware = Field("cpu", description="Where it runs: cpu, gpu or tpu.")
     model: ModelSpec = Field(default_factory=ModelSpec)
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
@@ -89,7 +93,7 @@ class JobSpec(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _batch_fits_training_set(self) -> "JobSpec":
+    def _batch_fits_training_set(self) -> "TrainingSpec":
         n = train_size(self.dataset)
         if self.batch_size > n:
             raise ValueError(
@@ -97,6 +101,32 @@ class JobSpec(_Strict):
                 f"{self.dataset.name}); use a batch_size of at most {n}"
             )
         return self
+
+
+class JobSpec(TrainingSpec):
+    """A training job. Every field but `framework` has a default."""
+
+    framework: Framework = Field(description="Which framework trains the model: jax or pytorch.")
+
+
+class ComparisonSpec(TrainingSpec):
+    """The same training run in JAX and in PyTorch: a JobSpec without `framework`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_framework(cls, value: object) -> object:
+        if isinstance(value, dict) and "framework" in value:
+            raise ValueError("a comparison trains both frameworks: remove 'framework' from the spec")
+        return value
+
+    def for_framework(self, framework: str) -> JobSpec:
+        return JobSpec(framework=framework, **self.model_dump())
+
+
+def parameter_count(spec: TrainingSpec) -> int:
+    """Weights and biases of the MLP that `spec` trains."""
+    sizes = [INPUT_FEATURES[spec.dataset.name], *spec.model.hidden_sizes, NUM_CLASSES]
+    return sum(n_in * n_out + n_out for n_in, n_out in zip(sizes, sizes[1:]))
 
 
 def train_size(dataset: DatasetSpec) -> int:

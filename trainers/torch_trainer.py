@@ -52,6 +52,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     setup_s = time.perf_counter() - start
 
     metrics: list[EpochMetrics] = []
+    first_step_loss = torch.full((), float("nan"), device=device)  # the parity check compares it
     for epoch in range(1, spec.epochs + 1):
         batches = torch.from_numpy(epoch_batches(spec.seed, epoch, n, batch_size)).to(device, torch.int64)
         epoch_start = time.perf_counter()
@@ -69,6 +70,8 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
             optimizer.step()
             # Summed on the device: a .item() per step would wait for the device every step.
             loss_sum += loss.detach()
+            if epoch == 1 and step == 0:
+                first_step_loss = loss.detach().clone()
             correct += (logits.detach().argmax(dim=1) == y).sum()
             _end_step(device)
         train_loss, train_correct = loss_sum.item(), correct.item()  # the epoch's one host sync
@@ -99,7 +102,8 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     return FitResult(
         metrics=metrics,
         timings=fit_timings(setup_s, 0.0, 0, metrics),  # eager: nothing is compiled
-        result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss},
+        result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
+                "first_step_loss": first_step_loss.item()},
         artifacts=[*artifacts, STATE_DICT_FILE],
         device=_device_info(device),
     )

@@ -20,6 +20,7 @@ from app.config import get_settings
 from app.db import session_scope
 from app.models import Artifact, EpochMetric, Job, utcnow
 from trainers.spec import JobSpec
+from workers import comparisons
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,9 @@ def run(job_id: str, worker: dict) -> str:
         "total_s": _seconds(claimed_at, utcnow()),
     }
     worker = {**worker, "backend": result.device.get("backend"), "devices": result.device.get("devices", worker.get("devices"))}
-    return finish(job_id, "succeeded", timings=timings, result=result.result, worker=worker)
+    status = finish(job_id, "succeeded", timings=timings, result=result.result, worker=worker)
+    comparisons.settle(job_id)
+    return status
 
 
 def claim(job_id: str, worker: dict) -> datetime | None:

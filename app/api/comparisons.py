@@ -1,0 +1,71 @@
+"""Routes of the `comparisons` resource: one spec, trained in JAX and in PyTorch."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+
+from app import comparisons as service
+from app import jobs
+from app.deps import CurrentUser, SessionDep
+from app.models import Comparison as ComparisonRow
+from app.schemas import Comparison, ComparisonSpec
+
+router = APIRouter(prefix="/comparisons", tags=["comparisons"])
+
+
+def owned_comparison(session: SessionDep, user: CurrentUser, comparison_id: str) -> ComparisonRow:
+    comparison = service.get_comparison(session, user, comparison_id)
+    if comparison is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"comparison {comparison_id} not found")
+    return comparison
+
+
+def render(session: SessionDep, comparison: ComparisonRow, request: Request) -> Comparison:
+    state, error = service.status_and_error(comparison)
+    base_url = str(request.base_url)
+    served = jobs.online_queues(session)
+    return Comparison(
+        id=comparison.id,
+        status=state,
+        spec=comparison.spec,
+        created_at=comparison.created_at,
+        jobs={fw: jobs.to_schema(session, job, base_url, served)
+              for fw, job in (("jax", comparison.jax_job), ("pytorch", comparison.pytorch_job))},
+        table=service.table(comparison) if state == "succeeded" else None,
+        parity=comparison.parity,
+        error=error,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison)
+def create_comparison(spec: ComparisonSpec, request: Request, response: Response, session: SessionDep,
+                      user: CurrentUser) -> Comparison:
+    """Train the spec (no `framework`) once with JAX and once with PyTorch, on the same hardware,
+    from the same initial weights and with the same batch order."""
+    comparison = service.create_comparison(session, user, spec)
+    response.headers["Location"] = f"/comparisons/{comparison.id}"
+    return render(session, comparison, request)
+
+
+@router.get("", response_model=list[Comparison])
+def list_comparisons(request: Request, session: SessionDep, user: CurrentUser,
+                     limit: Annotated[int, Query(ge=1, le=100)] = 20) -> list[Comparison]:
+    """The caller's comparisons, newest first."""
+    return [render(session, c, request) for c in service.list_comparisons(session, user, limit)]
+
+
+@router.get("/{comparison_id}", response_model=Comparison)
+def read_comparison(comparison_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Comparison:
+    """Both jobs, the parity check and, once both succeeded, the side-by-side table."""
+    return render(session, owned_comparison(session, user, comparison_id), request)
+
+
+@router.post("/{comparison_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison)
+def cancel_comparison(comparison_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Comparison:
+    """Cancel both jobs (those still queued or running)."""
+    comparison = owned_comparison(session, user, comparison_id)
+    service.cancel_comparison(session, comparison)
+    session.refresh(comparison)
+    return render(session, comparison, request)

@@ -1,0 +1,96 @@
+"""Comparisons: one spec trained in JAX and in PyTorch, and the side-by-side table."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app import jobs
+from app.models import ApiKey, Comparison, Job
+from trainers.spec import ComparisonSpec, parameter_count
+
+FRAMEWORKS = ("jax", "pytorch")
+
+# (row name, where its value comes from). Times in seconds; samples_per_s is the median over
+# the epochs after the first, like steady_epoch_s.
+TABLE_ROWS = ("parameters", "compile_s", "first_epoch_s", "steady_epoch_s", "samples_per_s",
+              "test_accuracy", "test_loss")
+
+
+def create_comparison(session: Session, owner: ApiKey, spec: ComparisonSpec) -> Comparison:
+    """Store both jobs and the comparison in one transaction, then enqueue the jobs."""
+    jax_job, torch_job = (jobs.new_job(owner, spec.for_framework(fw)) for fw in FRAMEWORKS)
+    session.add_all([jax_job, torch_job])
+    session.flush()
+    comparison = Comparison(owner_id=owner.id, spec=spec.model_dump(mode="json"),
+                            jax_job_id=jax_job.id, pytorch_job_id=torch_job.id, created_at=jax_job.created_at)
+    session.add(comparison)
+    session.commit()
+    for job in (jax_job, torch_job):
+        jobs.enqueue(job)
+    return comparison
+
+
+def get_comparison(session: Session, owner: ApiKey, comparison_id: str) -> Comparison | None:
+    comparison = session.get(Comparison, comparison_id)
+    return comparison if comparison is not None and comparison.owner_id == owner.id else None
+
+
+def list_comparisons(session: Session, owner: ApiKey, limit: int) -> list[Comparison]:
+    query = select(Comparison).where(Comparison.owner_id == owner.id)
+    return list(session.scalars(query.order_by(Comparison.created_at.desc()).limit(limit)))
+
+
+def cancel_comparison(session: Session, comparison: Comparison) -> None:
+    """Cancel both jobs; a side that already ended stays as it ended."""
+    for job in (comparison.jax_job, comparison.pytorch_job):
+        try:
+            jobs.cancel_job(session, job)
+        except jobs.CannotCancel:
+            pass
+
+
+def status_and_error(comparison: Comparison) -> tuple[str, dict | None]:
+    """The comparison's status, and the error that ended it (a side's, or the parity check's)."""
+    sides = {"jax": comparison.jax_job, "pytorch": comparison.pytorch_job}
+    for framework, job in sides.items():
+        if job.status == "failed":
+            return "failed", {"framework": framework, **(job.error or {"type": "failed", "message": ""})}
+    if any(job.status == "cancelled" for job in sides.values()):
+        return "cancelled", None
+    if all(job.status == "succeeded" for job in sides.values()):
+        if comparison.parity is None:
+            return "running", None  # the parity check is being computed
+        if not comparison.parity["passed"]:
+            return "failed", {"framework": None, "type": "parity_mismatch", "message": comparison.parity["message"]}
+        return "succeeded", None
+    if all(job.status == "queued" for job in sides.values()):
+        return "queued", None
+    return "running", None
+
+
+def table(comparison: Comparison) -> list[dict]:
+    """The side-by-side rows: {"metric", "jax", "pytorch", "ratio"} with ratio = jax / pytorch."""
+    spec = ComparisonSpec.model_validate(comparison.spec)
+    values = {fw: _values(job, parameter_count(spec)) for fw, job in
+              (("jax", comparison.jax_job), ("pytorch", comparison.pytorch_job))}
+    rows = []
+    for metric in TABLE_ROWS:
+        jax_value, torch_value = values["jax"].get(metric), values["pytorch"].get(metric)
+        ratio = jax_value / torch_value if jax_value is not None and torch_value else None
+        rows.append({"metric": metric, "jax": jax_value, "pytorch": torch_value, "ratio": ratio})
+    return rows
+
+
+def _values(job: Job, parameters: int) -> dict:
+    timings, result = job.timings or {}, job.result or {}
+    later = sorted(m.samples_per_s for m in job.metrics[1:]) or [m.samples_per_s for m in job.metrics]
+    return {
+        "parameters": parameters,
+        "compile_s": timings.get("compile_s"),
+        "first_epoch_s": timings.get("first_epoch_s"),
+        "steady_epoch_s": timings.get("steady_epoch_s"),
+        "samples_per_s": later[len(later) // 2] if later else None,
+        "test_accuracy": result.get("test_accuracy"),
+        "test_loss": result.get("test_loss"),
+    }

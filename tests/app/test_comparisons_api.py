@@ -1,0 +1,65 @@
+"""The comparisons API on real PostgreSQL and Redis (no worker: jobs stay queued)."""
+
+from __future__ import annotations
+
+from sqlalchemy import update
+
+from app.db import session_scope
+from app.models import Job
+
+SPEC = {"dataset": {"name": "digits"}, "epochs": 2, "batch_size": 64}
+
+
+def test_a_comparison_is_two_jobs_with_the_same_spec(api, auth, redis_url):
+    import redis
+
+    created = api.post("/comparisons", json=SPEC, headers=auth)
+    assert created.status_code == 201, created.text
+    comparison = created.json()
+    assert created.headers["Location"] == f"/comparisons/{comparison['id']}"
+    assert comparison["status"] == "queued" and comparison["table"] is None
+    jax_job, torch_job = comparison["jobs"]["jax"], comparison["jobs"]["pytorch"]
+    assert (jax_job["spec"]["framework"], torch_job["spec"]["framework"]) == ("jax", "pytorch")
+    assert {k: v for k, v in jax_job["spec"].items() if k != "framework"} == \
+           {k: v for k, v in torch_job["spec"].items() if k != "framework"}
+    r = redis.Redis.from_url(redis_url)
+    assert r.llen("cpu.jax") == 1 and r.llen("cpu.pytorch") == 1
+    assert api.get(f"/comparisons/{comparison['id']}", headers=auth).json()["id"] == comparison["id"]
+    assert [c["id"] for c in api.get("/comparisons", headers=auth).json()] == [comparison["id"]]
+
+
+def test_a_spec_naming_a_framework_is_refused(api, auth):
+    response = api.post("/comparisons", json={**SPEC, "framework": "jax"}, headers=auth)
+    assert response.status_code == 422
+    assert "remove 'framework'" in response.json()["detail"][0]["msg"]
+    assert api.get("/jobs", headers=auth).json()["items"] == []
+
+
+def test_cancelling_a_comparison_cancels_both_jobs(api, auth):
+    comparison = api.post("/comparisons", json=SPEC, headers=auth).json()
+    cancelled = api.post(f"/comparisons/{comparison['id']}/cancel", headers=auth)
+    assert cancelled.status_code == 202
+    body = cancelled.json()
+    assert body["status"] == "cancelled"
+    assert {job["status"] for job in body["jobs"].values()} == {"cancelled"}
+
+
+def test_one_side_failing_fails_the_comparison_with_its_error(api, auth):
+    comparison = api.post("/comparisons", json=SPEC, headers=auth).json()
+    torch_id = comparison["jobs"]["pytorch"]["id"]
+    with session_scope() as session:  # as the worker records a trainer's exception
+        session.execute(update(Job).where(Job.id == torch_id).values(
+            status="failed", error={"type": "RuntimeError", "message": "CUDA out of memory"}))
+        session.commit()
+    body = api.get(f"/comparisons/{comparison['id']}", headers=auth).json()
+    assert body["status"] == "failed"
+    assert body["error"] == {"framework": "pytorch", "type": "RuntimeError", "message": "CUDA out of memory"}
+    assert body["table"] is None
+
+
+def test_comparisons_are_private(api, auth, make_key):
+    comparison = api.post("/comparisons", json=SPEC, headers=auth).json()
+    other = {"Authorization": f"Bearer {make_key('other')}"}
+    assert api.get(f"/comparisons/{comparison['id']}", headers=other).status_code == 404
+    assert api.post(f"/comparisons/{comparison['id']}/cancel", headers=other).status_code == 404
+    assert api.get("/comparisons", headers=other).json() == []

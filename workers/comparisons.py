@@ -1,0 +1,50 @@
+"""After a job of a comparison succeeds: once both sides have, record the parity check."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from safetensors.numpy import load_file
+from sqlalchemy import or_, select, update
+
+from app.db import session_scope
+from app.models import Comparison, Job
+from trainers import parity
+from trainers.data import load_dataset
+from trainers.spec import ComparisonSpec
+
+log = logging.getLogger(__name__)
+
+
+def settle(job_id: str) -> None:
+    """Compute and store the parity of the comparison `job_id` belongs to, if both jobs succeeded.
+
+    Both workers may get here at once; each writes the same result, so that is harmless."""
+    with session_scope() as session:
+        comparison = session.scalars(
+            select(Comparison).where(or_(Comparison.jax_job_id == job_id, Comparison.pytorch_job_id == job_id))
+        ).first()
+        if comparison is None or comparison.parity is not None:
+            return
+        sides = (comparison.jax_job, comparison.pytorch_job)
+        if any(job.status != "succeeded" for job in sides):
+            return
+        spec = ComparisonSpec.model_validate(comparison.spec)
+        runs = [_run(job) for job in sides]
+        comparison_id = comparison.id
+    x_test = load_dataset(spec.dataset).x_test
+    result = parity.check(runs[0], runs[1], x_test, spec.model.dropout)
+    with session_scope() as session:
+        session.execute(update(Comparison).where(Comparison.id == comparison_id).values(parity=result))
+        session.commit()
+    log.info("comparison %s parity: %s", comparison_id, result["message"])
+
+
+def _run(job: Job) -> dict:
+    paths = {a.name: Path(a.path) for a in job.artifacts}
+    return {
+        "first_step_loss": (job.result or {}).get("first_step_loss", float("nan")),
+        "train_losses": [m.train_loss for m in job.metrics],
+        "weights": load_file(paths["weights.safetensors"]),
+    }

@@ -27,7 +27,7 @@ def create_comparison(session: Session, owner: ApiKey, spec: ComparisonSpec) -> 
     session.add(comparison)
     session.commit()
     for job in (jax_job, torch_job):
-        jobs.enqueue(job)
+        jobs.enqueue(session, job)
     return comparison
 
 

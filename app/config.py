@@ -34,8 +34,15 @@ class Settings(BaseSettings):
     compile_cache_dir: Path | None = None
     api_key: str | None = None
     api_url: str = "http://127.0.0.1:8000"
-    # A worker counts as online while its last heartbeat is younger than this (seconds).
+    # A worker counts as online while its last heartbeat is younger than this (seconds); a
+    # running job whose worker has been silent longer is handed to another worker.
     worker_timeout_s: float = Field(30.0, gt=0)
+    heartbeat_s: float = Field(5.0, gt=0)
+    # A job whose worker was lost this many times ends failed with error.type "worker_lost".
+    max_attempts: int = Field(3, ge=1)
+    # Redis hands an unacknowledged message to another worker after this long; it must be
+    # longer than any job may run (max_runtime_s is capped at 7 days).
+    visibility_timeout_s: float = Field(8 * 24 * 3600.0, gt=0)
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.var_dir / 'trainhub.db').resolve()}"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+
+log = logging.getLogger(__name__)
 
 
 def _finite(value):
@@ -23,3 +26,11 @@ def _finite(value):
 
 async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
     return JSONResponse({"detail": _finite(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
+async def database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    """The database is unreachable: 503, so clients retry; nothing was half-written (each
+    request's changes commit in one transaction or not at all)."""
+    log.warning("database unavailable: %s", exc)
+    return JSONResponse({"detail": "the database is unavailable; retry shortly"}, status_code=503,
+                        headers={"Retry-After": "5"})

@@ -42,7 +42,7 @@ def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: 
     job = new_job(owner, spec, idempotency_key)
     session.add(job)
     session.commit()
-    enqueue(job)
+    enqueue(session, job)
     return job
 
 
@@ -60,12 +60,17 @@ def new_job(owner: ApiKey, spec: JobSpec, idempotency_key: str | None = None) ->
     )
 
 
-def enqueue(job: Job) -> None:
-    """Send a committed job's id to its queue; a broker error is logged and the job stays queued."""
+def enqueue(session: Session, job: Job) -> bool:
+    """Send a committed job's id to its queue and stamp `enqueued_at`. A broker error is logged
+    and the job stays queued with no stamp; the workers' reconciler sends it later."""
     try:
         queue.enqueue(job.id, job.hardware, job.framework)
     except Exception:  # the row is the source of truth; the job waits for the broker
         log.exception("could not enqueue job %s; it stays queued", job.id)
+        return False
+    session.execute(update(Job).where(Job.id == job.id).values(enqueued_at=utcnow()))
+    session.commit()
+    return True
 
 
 def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:

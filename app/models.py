@@ -60,6 +60,9 @@ class Job(Base):
     error: Mapped[dict | None] = mapped_column(JSON)
     worker: Mapped[dict | None] = mapped_column(JSON)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    # When its id was last handed to the broker; NULL until then (the broker was down), so the
+    # reconciler knows which queued jobs still need a message.
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     metrics: Mapped[list[EpochMetric]] = relationship(
         order_by="EpochMetric.epoch", cascade="all, delete-orphan", lazy="selectin"

@@ -10,9 +10,6 @@ from celery import Celery
 from app.config import Settings, get_settings
 
 RUN_JOB_TASK = "trainhub.run_job"
-# Longer than any job may run (max_runtime_s is capped at 7 days): Redis must not hand an
-# unacknowledged job to a second worker while the first still trains it.
-VISIBILITY_TIMEOUT_S = 8 * 24 * 3600
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -23,7 +20,7 @@ def make_celery(settings: Settings) -> Celery:
         if key in transport_options:
             Path(transport_options[key]).mkdir(parents=True, exist_ok=True)
     if settings.resolved_broker_url().startswith("redis"):
-        transport_options["visibility_timeout"] = VISIBILITY_TIMEOUT_S
+        transport_options["visibility_timeout"] = settings.visibility_timeout_s
     celery.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
@@ -33,6 +30,10 @@ def make_celery(settings: Settings) -> Celery:
         task_create_missing_queues=True,
         task_ignore_result=True,
         worker_hijack_root_logger=False,
+        # A submit while the broker is down must answer quickly: the job row is already stored
+        # and the reconciler sends its id once the broker is back.
+        task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+        broker_connection_timeout=2,
     )
     return celery
 

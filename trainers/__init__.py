@@ -8,7 +8,16 @@ Use it as a library::
 `fit` dispatches lazily, so importing this package imports neither jax nor torch.
 """
 
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop, StopTraining, fit
+from trainers.base import (
+    EpochMetrics,
+    FitResult,
+    HardwareMismatch,
+    NanLoss,
+    Report,
+    ShouldStop,
+    StopTraining,
+    fit,
+)
 from trainers.data import DataNotFound
 from trainers.spec import JobSpec
 
@@ -17,6 +26,7 @@ __all__ = [
     "EpochMetrics",
     "FitResult",
     "HardwareMismatch",
+    "NanLoss",
     "JobSpec",
     "Report",
     "ShouldStop",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -77,6 +78,23 @@ class HardwareMismatch(Exception):
         )
         self.requested = requested
         self.found = found
+
+
+class NanLoss(Exception):
+    """The training loss stopped being a finite number; `epoch` is the epoch where it happened."""
+
+    def __init__(self, epoch: int, loss: float) -> None:
+        super().__init__(
+            f"the training loss became {loss} in epoch {epoch}; lower optimizer.learning_rate "
+            "(or check the data for NaN values)"
+        )
+        self.epoch = epoch
+
+
+def check_finite(metrics: EpochMetrics) -> None:
+    """Raise NanLoss when the epoch's training loss is NaN or infinite."""
+    if not math.isfinite(metrics.train_loss):
+        raise NanLoss(metrics.epoch, metrics.train_loss)
 
 
 Report = Callable[[int, EpochMetrics], None]

@@ -29,7 +29,8 @@ from flax.serialization import to_bytes
 from flax.training.train_state import TrainState
 from jax.experimental.compilation_cache import compilation_cache
 
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop
+from trainers import jax_checkpoint
+from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop, check_finite
 from trainers.common import epoch_batches, fit_timings, init_params, write_common_artifacts
 from trainers.data import load_dataset
 from trainers.jax_models import MLP, eval_metrics, params_from_weights, weights_from_params
@@ -74,9 +75,15 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     run_chunk = _compile_chunk(state, x_train, y_train, key, chunk_steps, batch_size)
     compile_s = time.perf_counter() - compile_start
 
+    # A job picked up again after its worker died goes on from its last finished epoch.
     metrics: list[EpochMetrics] = []
     first_step_loss = float("nan")
-    for epoch in range(1, spec.epochs + 1):
+    if resumed := jax_checkpoint.restore(workdir, state):
+        state, metrics, first_step_loss = resumed
+        for done in metrics:  # re-reported: the worker may have died before it stored them
+            report(done.epoch, done)
+    checkpoint_s = 0.0
+    for epoch in range(len(metrics) + 1, spec.epochs + 1):
         batches = epoch_batches(spec.seed, epoch, n, batch_size)
         epoch_start = time.perf_counter()
         totals = np.zeros(3, np.float32)  # summed batch losses, correct predictions, step 0's loss
@@ -105,7 +112,11 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
             eval_time_s=eval_time_s,
             samples_per_s=steps * batch_size / epoch_time_s,
         )
+        check_finite(epoch_metrics)
         metrics.append(epoch_metrics)
+        checkpoint_start = time.perf_counter()
+        jax_checkpoint.save(workdir, epoch, state, metrics, first_step_loss)
+        checkpoint_s += time.perf_counter() - checkpoint_start
         report(epoch, epoch_metrics)
 
     compilations = _programs_built - programs_before
@@ -113,7 +124,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     (workdir / PARAMS_FILE).write_bytes(to_bytes(jax.device_get(state.params)))
     return FitResult(
         metrics=metrics,
-        timings=fit_timings(setup_s, compile_s, compilations, metrics),
+        timings={**fit_timings(setup_s, compile_s, compilations, metrics), "checkpoint_s": checkpoint_s},
         result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
                 "first_step_loss": first_step_loss},
         artifacts=[*artifacts, PARAMS_FILE],

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop
+from trainers import torch_checkpoint
+from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop, check_finite
 from trainers.common import epoch_batches, fit_timings, init_params, write_common_artifacts
 from trainers.data import load_dataset
 from trainers.spec import JobSpec
@@ -35,7 +36,6 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     device = _device_for(spec.hardware)
     # Use every core this process may run on (torch's default may count the host's cores).
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    torch.manual_seed(spec.seed)  # dropout masks; the weights and batch order come from numpy
     data = load_dataset(spec.dataset)
     # The data goes to the device once; torch.tensor copies the read-only cached arrays.
     x_train = torch.tensor(data.x_train).to(device)
@@ -51,9 +51,25 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     steps = n // batch_size
     setup_s = time.perf_counter() - start
 
+    # "compile": true: the step is compiled here, on one batch, so no epoch pays for it.
+    train_model, compile_s, graphs_before = model, 0.0, _graphs_compiled
+    if spec.compile:
+        compile_start = time.perf_counter()
+        train_model = _compile(model, x_train, y_train, batch_size, spec, device)
+        compile_s = time.perf_counter() - compile_start
+
+    # A job picked up again after its worker died goes on from its last finished epoch.
     metrics: list[EpochMetrics] = []
     first_step_loss = torch.full((), float("nan"), device=device)  # the parity check compares it
-    for epoch in range(1, spec.epochs + 1):
+    if resumed := torch_checkpoint.restore(workdir, model, optimizer):
+        metrics, first_loss = resumed
+        first_step_loss = torch.tensor(first_loss, device=device)
+        for done in metrics:  # re-reported: the worker may have died before it stored them
+            report(done.epoch, done)
+    checkpoint_s = 0.0
+    for epoch in range(len(metrics) + 1, spec.epochs + 1):
+        # Dropout masks from (seed, epoch), like the batch order, so a resumed run repeats them.
+        torch.manual_seed(spec.seed * 100_003 + epoch)
         batches = torch.from_numpy(epoch_batches(spec.seed, epoch, n, batch_size)).to(device, torch.int64)
         epoch_start = time.perf_counter()
         model.train()
@@ -64,7 +80,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
                 should_stop()
             x, y = x_train[idx], y_train[idx]
             optimizer.zero_grad(set_to_none=True)
-            logits = model(x)
+            logits = train_model(x)
             loss = F.cross_entropy(logits, y)
             loss.backward()
             optimizer.step()
@@ -92,7 +108,11 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
             eval_time_s=eval_time_s,
             samples_per_s=steps * batch_size / epoch_time_s,
         )
+        check_finite(epoch_metrics)
         metrics.append(epoch_metrics)
+        checkpoint_start = time.perf_counter()
+        torch_checkpoint.save(workdir, epoch, model, optimizer, metrics, first_step_loss.item())
+        checkpoint_s += time.perf_counter() - checkpoint_start
         report(epoch, epoch_metrics)
 
     state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
@@ -101,12 +121,73 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     torch.save(state_dict, workdir / STATE_DICT_FILE)  # plain tensors: loads with weights_only=True
     return FitResult(
         metrics=metrics,
-        timings=fit_timings(setup_s, 0.0, 0, metrics),  # eager: nothing is compiled
+        # Eager: nothing is compiled (0, 0.0). Compiled: the graphs torch.compile built in this
+        # run, 1 for a new step and 0 for one this process compiled before; any more would be a
+        # recompilation in the middle of training.
+        timings={**fit_timings(setup_s, compile_s, _graphs_compiled - graphs_before, metrics),
+                 "checkpoint_s": checkpoint_s},
         result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
                 "first_step_loss": first_step_loss.item()},
         artifacts=[*artifacts, STATE_DICT_FILE],
         device=_device_info(device),
     )
+
+
+def _compile(
+    model: MLP, x_train: torch.Tensor, y_train: torch.Tensor, batch_size: int, spec: JobSpec,
+    device: torch.device,
+) -> torch.nn.Module:
+    """`model` compiled with torch.compile (TorchInductor), its forward and backward built now.
+
+    torch.compile is lazy: it traces and compiles on the first call, and the backward graph on
+    the first backward. So one forward and backward pass on a batch of the training shape is run
+    here (grads discarded, the optimizer untouched, the RNG restored: the run trains exactly as
+    if this never happened) and the caller's clock puts that time in compile_s. Shapes are
+    static (dynamic=False): every step has the same [batch_size, features] batch, since
+    epoch_batches drops the partial last batch. Evaluation keeps using the eager `model`, so
+    model.eval() never triggers a second compilation. The returned module shares `model`'s
+    parameters.
+    """
+    _count_compilations()
+    # Dynamo keeps the steps compiled in this process, so a later job with the same model and
+    # batch shape reuses its step; but after recompile_limit different ones it would quietly
+    # fall back to eager for good. Start afresh before that happens.
+    key = (tuple(spec.model.hidden_sizes), spec.model.dropout, tuple(x_train.shape[1:]), batch_size, str(device))
+    if key not in _compiled_steps and len(_compiled_steps) >= torch._dynamo.config.recompile_limit - 1:
+        torch.compiler.reset()
+        _compiled_steps.clear()
+    _compiled_steps.add(key)
+
+    compiled = torch.compile(model, dynamic=False)
+    idx = torch.arange(batch_size, device=device)
+    model.train()
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        F.cross_entropy(compiled(x_train[idx]), y_train[idx]).backward()
+    model.zero_grad(set_to_none=True)
+    _wait_for(device)
+    return compiled
+
+
+_compiled_steps: set[tuple] = set()  # the steps torch.compile holds for this process, by shape
+_graphs_compiled = 0  # graphs torch.compile (dynamo) traced and compiled in this process
+_counting = False
+
+
+def _count_compilations() -> None:
+    """Count each new graph dynamo compiles (not the lazily compiled backward of one)."""
+    global _counting
+    if _counting:
+        return
+    # Imported on first use: torch._dynamo is heavy, and eager jobs never need it.
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    def count(args) -> None:
+        global _graphs_compiled
+        if args.callback_trigger == CallbackTrigger.DYNAMO:
+            _graphs_compiled += 1
+
+    callback_handler.register_start_callback(count)
+    _counting = True
 
 
 def _device_for(hardware: str) -> torch.device:

@@ -52,10 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRAINHUB_COMPILE_CACHE_DIR",
                           str((settings.compile_cache_dir or settings.var_dir / "jax-cache").resolve()))
     from workers.identity import register, start_heartbeat
+    from workers.reconciler import reconcile
 
     migrate()
     identity = register(caps)
-    start_heartbeat(identity)
+    start_heartbeat(identity, settings.heartbeat_s, reconcile)
     print(f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}", flush=True)
     celery.worker_main([
         "worker", "--pool=solo", "--concurrency=1", f"--queues={','.join(caps.queues)}",

@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.dialects import postgresql, sqlite
@@ -15,8 +16,6 @@ from app.models import Worker, utcnow
 from workers.hardware import Capabilities
 
 log = logging.getLogger(__name__)
-
-HEARTBEAT_S = 5.0
 
 
 @dataclass
@@ -75,17 +74,19 @@ def beat(identity: WorkerIdentity) -> None:
         session.commit()
 
 
-def start_heartbeat(identity: WorkerIdentity) -> threading.Thread:
-    """Beat now and then every HEARTBEAT_S seconds in a daemon thread."""
+def start_heartbeat(identity: WorkerIdentity, interval_s: float, tick: Callable[[], None]) -> threading.Thread:
+    """Beat now, then every `interval_s` seconds in a daemon thread, each beat followed by `tick`
+    (the reconciler). It beats while a job trains: that is how others know this worker lives."""
     beat(identity)
 
     def loop() -> None:
         stop = threading.Event()
-        while not stop.wait(HEARTBEAT_S):
+        while not stop.wait(interval_s):
             try:
                 beat(identity)
-            except Exception:  # the database may be away for a while; keep trying
-                log.exception("heartbeat failed")
+                tick()
+            except Exception as exc:  # the database or broker may be away for a while; keep trying
+                log.warning("heartbeat: %s: %s", type(exc).__name__, exc)
 
     thread = threading.Thread(target=loop, name="trainhub-heartbeat", daemon=True)
     thread.start()

@@ -1,7 +1,9 @@
 """Run one job: claim its row, train, record each epoch, store artifacts, end it.
 
 The database row is the truth: a claim is a compare-and-set from `queued` to `running`, so a
-message delivered twice (or for a cancelled job) does nothing.
+message delivered twice (or for a cancelled job) does nothing. Every later write is fenced by
+the attempt number the claim took: if the reconciler handed the job to another worker (this
+one was thought lost), this run's writes no longer apply and it stops at its next chunk.
 """
 
 from __future__ import annotations
@@ -28,31 +30,32 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.5
 
 # Error types users can act on, by exception class name; anything else keeps its own name.
-ERROR_TYPES = {"DataNotFound": "data_not_found", "HardwareMismatch": "hardware_mismatch"}
+ERROR_TYPES = {"DataNotFound": "data_not_found", "HardwareMismatch": "hardware_mismatch", "NanLoss": "nan_loss"}
 
 
 def run(job_id: str, worker: dict) -> str:
     """Run the job if this call wins its claim; return the status it ended with, or "skipped"."""
-    claimed_at = claim(job_id, worker)
-    if claimed_at is None:
+    claimed = claim(job_id, worker)
+    if claimed is None:
         log.info("job %s is not queued (duplicate delivery or cancelled); skipping", job_id)
         return "skipped"
+    claimed_at, attempt = claimed
     with session_scope() as session:
         job = session.get(Job, job_id)
         spec = JobSpec.model_validate(job.spec)
         created_at = job.created_at
     workdir = get_settings().resolved_artifact_dir() / job_id
-    hooks = JobHooks(job_id, spec.max_runtime_s)
+    hooks = JobHooks(job_id, attempt, spec.max_runtime_s)
     try:
         result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop)
     except trainers.StopTraining as stop:
         if stop.reason == "cancelled":
-            return finish(job_id, "cancelled")
-        return finish(job_id, "failed", error={"type": stop.reason, "message": str(stop)})
+            return finish(job_id, attempt, "cancelled")
+        return finish(job_id, attempt, "failed", error={"type": stop.reason, "message": str(stop)})
     except Exception as exc:
         log.exception("job %s failed", job_id)
         kind = ERROR_TYPES.get(type(exc).__name__, type(exc).__name__)
-        return finish(job_id, "failed", error={"type": kind, "message": str(exc) or repr(exc)})
+        return finish(job_id, attempt, "failed", error={"type": kind, "message": str(exc) or repr(exc)})
     store_artifacts(job_id, workdir, result.artifacts)
     timings = {
         "queue_wait_s": _seconds(created_at, claimed_at),
@@ -60,29 +63,32 @@ def run(job_id: str, worker: dict) -> str:
         "total_s": _seconds(claimed_at, utcnow()),
     }
     worker = {**worker, "backend": result.device.get("backend"), "devices": result.device.get("devices", worker.get("devices"))}
-    status = finish(job_id, "succeeded", timings=timings, result=result.result, worker=worker)
+    status = finish(job_id, attempt, "succeeded", timings=timings, result=result.result, worker=worker)
     comparisons.settle(job_id)
     return status
 
 
-def claim(job_id: str, worker: dict) -> datetime | None:
-    """Compare-and-set the row from queued to running; the claim time, or None if another won."""
+def claim(job_id: str, worker: dict) -> tuple[datetime, int] | None:
+    """Compare-and-set the row from queued to running; (claim time, attempt number), or None if
+    the job is not queued (another worker won, or it was cancelled)."""
     now = utcnow()
     with session_scope() as session:
-        won = session.execute(
+        attempt = session.scalar(
             update(Job)
             .where(Job.id == job_id, Job.status == "queued")
             .values(status="running", started_at=now, attempts=Job.attempts + 1, worker=worker)
-        ).rowcount
+            .returning(Job.attempts)
+        )
         session.commit()
-    return now if won else None
+    return (now, attempt) if attempt is not None else None
 
 
 class JobHooks:
     """The trainer's callbacks for one job: record each epoch, honour cancel and max_runtime_s."""
 
-    def __init__(self, job_id: str, max_runtime_s: float | None) -> None:
+    def __init__(self, job_id: str, attempt: int, max_runtime_s: float | None) -> None:
         self.job_id = job_id
+        self.attempt = attempt
         self.deadline = time.monotonic() + max_runtime_s if max_runtime_s else None
         self.max_runtime_s = max_runtime_s
         self.last_poll = 0.0
@@ -95,12 +101,13 @@ class JobHooks:
                     session.add(EpochMetric(job_id=self.job_id, **metrics.to_dict()))
             except IntegrityError:
                 log.info("job %s epoch %d was already recorded", self.job_id, epoch)
-            session.execute(update(Job).where(Job.id == self.job_id).values(epoch=epoch))
+            session.execute(update(Job).where(Job.id == self.job_id, Job.attempts == self.attempt).values(epoch=epoch))
             session.commit()
         self.should_stop(force=True)
 
     def should_stop(self, force: bool = False) -> None:
-        """Raise StopTraining when the job was cancelled or ran past max_runtime_s."""
+        """Raise StopTraining when the job was cancelled, ran past max_runtime_s, or was handed
+        to another worker."""
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise trainers.StopTraining("timeout", f"the job ran longer than max_runtime_s={self.max_runtime_s}")
         now = time.monotonic()
@@ -108,9 +115,13 @@ class JobHooks:
             return
         self.last_poll = now
         with session_scope() as session:
-            cancelled = session.scalar(select(Job.cancel_requested).where(Job.id == self.job_id))
-        if cancelled:
+            row = session.execute(
+                select(Job.cancel_requested, Job.status, Job.attempts).where(Job.id == self.job_id)
+            ).one()
+        if row.cancel_requested:
             raise trainers.StopTraining("cancelled", "cancelled by the user")
+        if row.status != "running" or row.attempts != self.attempt:
+            raise trainers.StopTraining("superseded", "the job was handed to another worker")
 
 
 def store_artifacts(job_id: str, workdir: Path, names: list[str]) -> None:
@@ -135,12 +146,12 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def finish(job_id: str, status: str, **values) -> str:
-    """End the job with `status` unless it has already ended (a cancel of a queued job wins)."""
+def finish(job_id: str, attempt: int, status: str, **values) -> str:
+    """End this attempt of the job with `status`, unless the job has moved on without it."""
     with session_scope() as session:
         session.execute(
             update(Job)
-            .where(Job.id == job_id, Job.status == "running")
+            .where(Job.id == job_id, Job.status == "running", Job.attempts == attempt)
             .values(status=status, finished_at=utcnow(), **values)
         )
         session.commit()

@@ -42,10 +42,22 @@ class Service:
         return process
 
 
+def forget_unfinished_jobs(database_url: str) -> None:
+    """End what earlier tests left queued or running, so this module's workers (whose reconciler
+    resends queued jobs to an emptied broker) do not run them."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE jobs SET status = 'cancelled' WHERE status IN ('queued', 'running')"))
+    engine.dispose()
+
+
 @pytest.fixture(scope="module")
 def service(database_url, redis_url, tmp_path_factory) -> Service:
     """The API and one cpu worker, shared by the tests of a module."""
     redis.Redis.from_url(redis_url).flushdb()
+    forget_unfinished_jobs(database_url)
     root = tmp_path_factory.mktemp("service")
     env = {
         **os.environ,

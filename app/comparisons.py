@@ -32,7 +32,7 @@ def create_comparison(session: Session, owner: ApiKey, spec: ComparisonSpec) -> 
 
 
 def get_comparison(session: Session, owner: ApiKey, comparison_id: str) -> Comparison | None:
-    comparison = session.get(Comparison, comparison_id)
+    comparison = session.get(Comparison, comparison_id) if jobs.is_id(comparison_id) else None
     return comparison if comparison is not None and comparison.owner_id == owner.id else None
 
 

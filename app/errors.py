@@ -14,9 +14,12 @@ log = logging.getLogger(__name__)
 
 
 def _finite(value):
-    # JSON has no NaN or Infinity: echo such an input back as text instead of failing with a 500.
+    # JSON has no NaN or Infinity, and UTF-8 no lone surrogates: echo such an input back as
+    # text instead of failing with a 500.
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):

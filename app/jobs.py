@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import uuid
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app import queue
@@ -30,20 +32,31 @@ class CannotCancel(Exception):
 def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str | None) -> Job:
     """Store the job, then enqueue its id. The row is committed first, so a broker error leaves a
     queued job (logged) rather than a lost one. Replays an earlier job for a reused key."""
-    spec_json = spec.model_dump(mode="json")
-    if idempotency_key:
-        earlier = session.scalars(
-            select(Job).where(Job.owner_id == owner.id, Job.idempotency_key == idempotency_key)
-        ).first()
-        if earlier is not None:
-            if earlier.spec != spec_json:
-                raise IdempotencyConflict(idempotency_key)
-            return earlier
+    if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
+        return earlier
     job = new_job(owner, spec, idempotency_key)
     session.add(job)
-    session.commit()
+    try:
+        session.commit()
+    except IntegrityError:
+        # A concurrent request with the same Idempotency-Key stored its job first: replay that.
+        session.rollback()
+        if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
+            return earlier
+        raise
     enqueue(session, job)
     return job
+
+
+def replay(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str) -> Job | None:
+    """The job an earlier request with this key created, or None. Raises IdempotencyConflict
+    when that request had another body."""
+    earlier = session.scalars(
+        select(Job).where(Job.owner_id == owner.id, Job.idempotency_key == idempotency_key)
+    ).first()
+    if earlier is not None and earlier.spec != spec.model_dump(mode="json"):
+        raise IdempotencyConflict(idempotency_key)
+    return earlier
 
 
 def new_job(owner: ApiKey, spec: JobSpec, idempotency_key: str | None = None) -> Job:
@@ -73,9 +86,17 @@ def enqueue(session: Session, job: Job) -> bool:
     return True
 
 
+def is_id(value: str) -> bool:
+    """Ids are UUIDs; anything else (a NUL, a path) cannot name a row and is not looked up."""
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
+
+
 def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:
     """The owner's job, or None when it does not exist or belongs to someone else."""
-    job = session.get(Job, job_id)
+    job = session.get(Job, job_id) if is_id(job_id) else None
     return job if job is not None and job.owner_id == owner.id else None
 
 

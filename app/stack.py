@@ -6,6 +6,7 @@ Children are started by module name, so app/ never imports workers/.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -78,15 +79,20 @@ def start(var_dir: Path, host: str, port: int, workers: int = 1) -> Stack:
     logs = var_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     stack = Stack(url=f"http://{host}:{port}")
-    api = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port)]
-    stack.processes.append(subprocess.Popen(api, env=env, stdout=_log(logs / "api.log"), stderr=subprocess.STDOUT))
+    commands = {"api": [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port)]}
     for i in range(workers):
-        worker = [sys.executable, "-m", "workers", "--hardware", "cpu"]
-        stack.processes.append(
-            subprocess.Popen(worker, env=env, stdout=_log(logs / f"worker-{i}.log"), stderr=subprocess.STDOUT)
-        )
+        commands[f"worker-{i}"] = [sys.executable, "-m", "workers", "--hardware", "cpu"]
+    for name, command in commands.items():
+        with open(logs / f"{name}.log", "ab") as log:  # the child keeps its own copy of the fd
+            stack.processes.append(subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
     return stack
 
 
-def _log(path: Path):
-    return open(path, "ab")
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when `trainhub up` dies, even by SIGKILL (Linux prctl)."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1

@@ -9,10 +9,9 @@ batch size 128, 10 epochs, seed 0.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Framework = Literal["jax", "pytorch"]
 Hardware = Literal["cpu", "gpu", "tpu"]
@@ -22,11 +21,14 @@ MAX_EPOCHS = 1000
 MAX_BATCH_SIZE = 65536
 MAX_HIDDEN_UNITS = 16384
 MAX_HIDDEN_LAYERS = 16
+MAX_EXAMPLES = 1_000_000  # per split: 1M x 784 float32 is 3 GB of host memory
+MAX_PARAMETERS = 50_000_000  # 200 MB of fp32 weights, three times that with Adam's moments
 
 
 class _Strict(BaseModel):
-    # Unknown fields are a typo more often than not: refuse them rather than ignore them.
-    model_config = ConfigDict(extra="forbid")
+    # Unknown fields are a typo more often than not: refuse them rather than ignore them. Strict
+    # types: "2", 2.5 or true for an int, or "0.01" for a float, are errors, not guesses.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ModelSpec(_Strict):
@@ -48,8 +50,8 @@ class DatasetSpec(_Strict):
     """
 
     name: DatasetName = "fashion-mnist"
-    train_limit: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
-    test_limit: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    train_limit: Annotated[int, Field(ge=1, le=MAX_EXAMPLES)] | None = None
+    test_limit: Annotated[int, Field(ge=1, le=MAX_EXAMPLES)] | None = None
 
 
 class OptimizerSpec(_Strict):
@@ -84,13 +86,14 @@ class TrainingSpec(_Strict):
     labels: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]],
                       Field(max_length=32)] = Field(default_factory=dict)
 
-    @field_validator("epochs", "batch_size", "seed", mode="before")
-    @classmethod
-    def _no_float_for_int(cls, value: object) -> object:
-        # pydantic accepts 5.0 for an int; a fractional or non-finite value must still say so.
-        if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
-            raise ValueError("must be a whole number")
-        return value
+    @model_validator(mode="after")
+    def _model_fits(self) -> "TrainingSpec":
+        if (count := parameter_count(self)) > MAX_PARAMETERS:
+            raise ValueError(
+                f"model.hidden_sizes gives {count:,} parameters, more than the limit of {MAX_PARAMETERS:,}; "
+                "use fewer or smaller hidden layers"
+            )
+        return self
 
     @model_validator(mode="after")
     def _batch_fits_training_set(self) -> "TrainingSpec":

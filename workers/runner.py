@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 import trainers
+from app import jobs
 from app.config import get_settings
 from app.db import session_scope
 from app.models import Artifact, EpochMetric, Job, utcnow
@@ -25,6 +27,10 @@ from trainers.spec import JobSpec
 from workers import comparisons
 
 log = logging.getLogger(__name__)
+
+# Set when the worker is asked to stop (SIGTERM, Ctrl-C): the job stops at its next chunk of
+# steps and goes back to the queue, instead of holding the shutdown or being killed mid-epoch.
+shutting_down = threading.Event()
 
 # A running job looks at its cancel flag at most this often (seconds), between chunks of steps.
 CANCEL_POLL_S = 0.5
@@ -34,28 +40,38 @@ ERROR_TYPES = {"DataNotFound": "data_not_found", "HardwareMismatch": "hardware_m
 
 
 def run(job_id: str, worker: dict) -> str:
-    """Run the job if this call wins its claim; return the status it ended with, or "skipped"."""
+    """Run the job if this call wins its claim; return the status it ended with, or "skipped".
+
+    Whatever happens after the claim, the job ends succeeded, failed or cancelled, or (when the
+    worker is shutting down) goes back to queued to resume elsewhere: it is never left running."""
     claimed = claim(job_id, worker)
     if claimed is None:
         log.info("job %s is not queued (duplicate delivery or cancelled); skipping", job_id)
         return "skipped"
     claimed_at, attempt = claimed
+    try:
+        return train(job_id, attempt, claimed_at, worker)
+    except trainers.StopTraining as stop:
+        if stop.reason == "cancelled":
+            return finish(job_id, attempt, "cancelled")
+        if stop.reason == "shutdown":
+            return release(job_id, attempt)
+        return finish(job_id, attempt, "failed", error={"type": stop.reason, "message": str(stop)})
+    except Exception as exc:
+        log.exception("job %s failed", job_id)
+        kind = ERROR_TYPES.get(type(exc).__name__, type(exc).__name__)
+        return finish(job_id, attempt, "failed", error={"type": kind, "message": str(exc) or repr(exc)})
+
+
+def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
+    """Fit the claimed job, store its artifacts and end it succeeded."""
     with session_scope() as session:
         job = session.get(Job, job_id)
         spec = JobSpec.model_validate(job.spec)
         created_at = job.created_at
     workdir = get_settings().resolved_artifact_dir() / job_id
     hooks = JobHooks(job_id, attempt, spec.max_runtime_s)
-    try:
-        result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop)
-    except trainers.StopTraining as stop:
-        if stop.reason == "cancelled":
-            return finish(job_id, attempt, "cancelled")
-        return finish(job_id, attempt, "failed", error={"type": stop.reason, "message": str(stop)})
-    except Exception as exc:
-        log.exception("job %s failed", job_id)
-        kind = ERROR_TYPES.get(type(exc).__name__, type(exc).__name__)
-        return finish(job_id, attempt, "failed", error={"type": kind, "message": str(exc) or repr(exc)})
+    result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop)
     store_artifacts(job_id, workdir, result.artifacts)
     timings = {
         "queue_wait_s": _seconds(created_at, claimed_at),
@@ -106,8 +122,10 @@ class JobHooks:
         self.should_stop(force=True)
 
     def should_stop(self, force: bool = False) -> None:
-        """Raise StopTraining when the job was cancelled, ran past max_runtime_s, or was handed
-        to another worker."""
+        """Raise StopTraining when the job was cancelled, ran past max_runtime_s, was handed
+        to another worker, or this worker is shutting down."""
+        if shutting_down.is_set():
+            raise trainers.StopTraining("shutdown", "the worker is shutting down")
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise trainers.StopTraining("timeout", f"the job ran longer than max_runtime_s={self.max_runtime_s}")
         now = time.monotonic()
@@ -144,6 +162,22 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def release(job_id: str, attempt: int) -> str:
+    """Put a job this worker stops on shutdown back in its queue; the attempt does not count, and
+    the next one resumes from the last checkpoint."""
+    with session_scope() as session:
+        released = session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "running", Job.attempts == attempt)
+            .values(status="queued", attempts=Job.attempts - 1, enqueued_at=None)
+        ).rowcount
+        session.commit()
+        if released:
+            jobs.enqueue(session, session.get(Job, job_id))  # broker away: the reconciler sends it later
+    log.info("job %s released on shutdown", job_id)
+    return "queued"
 
 
 def finish(job_id: str, attempt: int, status: str, **values) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from celery.signals import worker_shutting_down
+
 from app.queue import RUN_JOB_TASK
 from workers import runner
 from workers.celery_app import celery
@@ -17,3 +19,9 @@ def run_job(job_id: str) -> str:
         return runner.run(job_id, worker.job_info())
     finally:
         worker.current_job_id = None
+
+
+@worker_shutting_down.connect
+def _stop_running_job(**_kwargs) -> None:
+    """SIGTERM or Ctrl-C: let the running job stop at its next chunk and go back to the queue."""
+    runner.shutting_down.set()

@@ -24,7 +24,7 @@ def list_artifacts(job_id: str, request: Request, session: SessionDep, user: Cur
     return [ArtifactInfo(**service.artifact_dict(a, f"{base}/jobs/{job.id}/artifacts/{a.name}")) for a in job.artifacts]
 
 
-@router.get("/{name}", response_class=FileResponse)
+@router.api_route("/{name}", methods=["GET", "HEAD"], response_class=FileResponse)
 def download_artifact(job_id: str, name: str, session: SessionDep, user: CurrentUser) -> FileResponse:
     """The file itself. Only names the job recorded are served; a name never becomes a path."""
     job = owned_job(session, user, job_id)

@@ -109,3 +109,23 @@ def test_job_is_stored_then_enqueued_on_its_queue(api, auth, redis_url):
     r = redis.Redis.from_url(redis_url)
     assert r.llen("cpu.pytorch") == 1
     assert job["id"].encode() in r.lindex("cpu.pytorch", 0)
+
+
+def test_concurrent_retries_with_one_idempotency_key_make_one_job(api, auth):
+    from concurrent.futures import ThreadPoolExecutor
+
+    headers = {**auth, "Idempotency-Key": "retry-storm"}
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda _: api.post("/jobs", json=DIGITS, headers=headers), range(16)))
+    assert {r.status_code for r in responses} == {201}
+    assert len({r.json()["id"] for r in responses}) == 1
+    assert len(api.get("/jobs", headers=auth).json()["items"]) == 1
+
+
+def test_odd_ids_and_bodies_are_4xx_not_500(api, auth):
+    assert api.get("/jobs/a%00b", headers=auth).status_code == 404
+    assert api.get("/comparisons/a%00b", headers=auth).status_code == 404
+    body = '{"framework": "jax", "name": "\\ud800"}'
+    response = api.post("/jobs", content=body, headers={**auth, "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert "name" in str(response.json()["detail"])

@@ -31,6 +31,13 @@ BAD_SPECS = [
     ({"framework": "jax", "model": {"layers": 3}}, "model.layers"),
     ({"hardware": "cpu"}, "framework"),
     ({"framework": "jax", "max_runtime_s": 0}, "max_runtime_s"),
+    ({"framework": "jax", "epochs": True}, "epochs"),
+    ({"framework": "jax", "epochs": "2"}, "epochs"),
+    ({"framework": "jax", "optimizer": {"learning_rate": "0.01"}}, "optimizer.learning_rate"),
+    ({"framework": "jax", "optimizer": {"learning_rate": True}}, "optimizer.learning_rate"),
+    ({"framework": "jax", "name": 5}, "name"),
+    ({"framework": "jax", "model": {"hidden_sizes": [16384] * 16}}, "model.hidden_sizes"),
+    ({"framework": "jax", "dataset": {"name": "synthetic", "train_limit": 10_000_000}}, "dataset.train_limit"),
 ]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,28 +55,69 @@ def forget_unfinished_jobs(database_url: str) -> None:
     engine.dispose()
 
 
-@pytest.fixture(scope="module")
-def service(database_url, redis_url, tmp_path_factory) -> Service:
-    """The API and one cpu worker, shared by the tests of a module."""
-    redis.Redis.from_url(redis_url).flushdb()
+@contextmanager
+def running_service(database_url: str, broker_url: str, root: Path, workers: int = 1, **settings: str):
+    """The API and `workers` cpu workers on `broker_url`; `settings` are extra TRAINHUB_* values
+    (e.g. heartbeat_s="0.5"). Stops them all on exit."""
     forget_unfinished_jobs(database_url)
-    root = tmp_path_factory.mktemp("service")
     env = {
         **os.environ,
         "TRAINHUB_DATABASE_URL": database_url,
-        "TRAINHUB_BROKER_URL": redis_url,
+        "TRAINHUB_BROKER_URL": broker_url,
         "TRAINHUB_ARTIFACT_DIR": str(root / "artifacts"),
         "TRAINHUB_VAR_DIR": str(root / "var"),
         "TRAINHUB_COMPILE_CACHE_DIR": str(root / "jax-cache"),
+        **{f"TRAINHUB_{name.upper()}": value for name, value in settings.items()},
     }
     port = free_port()
     stack = Stack(url=f"http://127.0.0.1:{port}")
     stack.processes.append(subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"], env=env))
     svc = Service(url=stack.url, env=env, stack=stack, artifact_dir=root / "artifacts")
-    svc.start_worker("--hardware", "cpu")
+    for _ in range(workers):
+        svc.start_worker("--hardware", "cpu")
     try:
         stack.wait_ready()
         yield svc
     finally:
         stack.stop()
+
+
+@pytest.fixture(scope="module")
+def service(database_url, redis_url, tmp_path_factory) -> Service:
+    """The API and one cpu worker, shared by the tests of a module."""
+    redis.Redis.from_url(redis_url).flushdb()
+    with running_service(database_url, redis_url, tmp_path_factory.mktemp("service")) as svc:
+        yield svc
+
+
+class RedisServer:
+    """A private redis-server on a free port, for tests that stop and restart the broker.
+    Like the machine's, it keeps nothing on disk: a restart loses every message."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.workdir)], stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

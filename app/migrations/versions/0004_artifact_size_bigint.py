@@ -1,0 +1,23 @@
+"""artifact size_bytes as a 64-bit integer (weights files can pass 2 GiB)
+
+Revision ID: 0004
+Revises: 0003
+"""
+
+from alembic import op
+import sqlalchemy as sa
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("artifacts", schema=None) as batch_op:
+        batch_op.alter_column("size_bytes", existing_type=sa.Integer(), type_=sa.BigInteger(), existing_nullable=False)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("artifacts", schema=None) as batch_op:
+        batch_op.alter_column("size_bytes", existing_type=sa.BigInteger(), type_=sa.Integer(), existing_nullable=False)

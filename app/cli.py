@@ -7,11 +7,13 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from app.client import FINISHED, ApiError, TrainhubClient
@@ -124,21 +126,29 @@ def client_from_settings() -> TrainhubClient:
 
 
 def fail(message: str, code: int = 1) -> None:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(code)
+
+
+@contextmanager
+def friendly_errors():
+    """Turn API and connection errors (from a call or while reading a stream) into one clear line."""
+    import httpx
+
+    try:
+        yield
+    except ApiError as exc:
+        hint = " (check TRAINHUB_API_KEY: the server does not know this key)" if exc.status_code == 401 else ""
+        fail(f"{exc}{hint}")
+    except httpx.TransportError as exc:
+        fail(f"cannot reach trainhub at {get_settings().api_url}: {exc or type(exc).__name__} "
+             "(is the server running? TRAINHUB_API_URL says where it is)")
 
 
 def call(fn, *args, **kwargs):
     """Run a client call, turning API and connection errors into one clear line."""
-    import httpx
-
-    try:
+    with friendly_errors():
         return fn(*args, **kwargs)
-    except ApiError as exc:
-        hint = " (check TRAINHUB_API_KEY)" if exc.status_code == 401 else ""
-        fail(f"{exc}{hint}")
-    except httpx.TransportError as exc:
-        fail(f"cannot reach trainhub at {get_settings().api_url}: {exc} (is `trainhub up` running?)")
 
 
 @cli.command()
@@ -180,33 +190,72 @@ def spec_from_options(spec_file: Path | None, *, hidden_sizes: str, dropout: flo
                       train_limit: int | None, test_limit: int | None, learning_rate: float, **fields) -> dict:
     """A JobSpec body from the command's options, or from a JSON file when one is given."""
     if spec_file:
-        return json.loads(spec_file.read_text())
+        try:
+            return json.loads(spec_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"cannot read a JSON spec from {spec_file}: {exc}", param_hint="--spec")
+    try:
+        sizes = [int(h) for h in hidden_sizes.split(",") if h.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{hidden_sizes!r} is not a comma-separated list of whole numbers, e.g. 256,128",
+                                 param_hint="--hidden-sizes")
     return {
         **fields,
-        "model": {"name": "mlp", "hidden_sizes": [int(h) for h in hidden_sizes.split(",") if h], "dropout": dropout},
+        "model": {"name": "mlp", "hidden_sizes": sizes, "dropout": dropout},
         "dataset": {"name": dataset, "train_limit": train_limit, "test_limit": test_limit},
         "optimizer": {"name": "adam", "learning_rate": learning_rate},
     }
 
 
 def follow(client: TrainhubClient, job_id: str) -> dict:
-    """A progress bar (epoch k of n, last loss and accuracy) until the job ends; the final Job."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    """A progress bar fed by the job's event stream (epoch k of n, loss, test accuracy, ETA)
+    until the job ends; the final Job. Ctrl-C stops watching, not the job."""
+    from rich.progress import BarColumn, Progress, TextColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  TextColumn("{task.fields[info]}"), console=console) as progress:
-        task = progress.add_task(job_id[:8], total=None, info="queued")
-
-        def update(job: dict) -> None:
-            last = job["metrics"][-1] if job["metrics"] else None
-            info = job["status"] if not last else f"loss {last['train_loss']:.4f} acc {last['test_accuracy']:.4f}"
-            if job["waiting_reason"]:
-                info = job["waiting_reason"]
-            progress.update(task, total=job["progress"]["epochs"], completed=job["progress"]["epoch"], info=info)
-
-        job = call(client.wait, job_id, on_update=update)
+    job = call(client.get, job_id)
+    epochs = job["progress"]["epochs"]
+    epoch_s: list[float] = []
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("epoch {task.completed:.0f} of {task.total:.0f}"), TextColumn("{task.fields[info]}"))
+    try:
+        with Progress(*columns, console=console) as progress, friendly_errors():
+            task = progress.add_task(f"{job['spec']['framework']} {job_id[:8]}", total=epochs,
+                                     completed=job["progress"]["epoch"], info=job["waiting_reason"] or job["status"])
+            for event in client.events(job_id):
+                if event.event == "metrics":
+                    metrics = event.data
+                    epoch_s.append(metrics["epoch_time_s"] + metrics["eval_time_s"])
+                    eta = eta_s(epoch_s, epochs - metrics["epoch"])
+                    info = (f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}"
+                            f"  ETA {_clock(eta)}")
+                    progress.update(task, completed=metrics["epoch"], info=info)
+                elif event.event == "waiting" and event.data["waiting_reason"]:
+                    progress.update(task, info=f"waiting: {event.data['waiting_reason']}")
+                elif event.event == "status" and not epoch_s:
+                    progress.update(task, info=event.data["status"] + (
+                        f": {event.data['waiting_reason']}" if event.data.get("waiting_reason") else ""))
+    except KeyboardInterrupt:
+        console.print(f"stopped watching; job {job_id} goes on (`trainhub watch {job_id}` to follow it again)")
+        raise typer.Exit(130)
+    job = call(client.get, job_id)
     print_result(job)
     return job
+
+
+def eta_s(epoch_s: list[float], remaining: int) -> float:
+    """Seconds left: the median epoch after the first (which pays for compiling) times the
+    epochs remaining; the first epoch's time when it is the only one."""
+    steady = sorted(epoch_s[1:]) or epoch_s
+    return steady[len(steady) // 2] * remaining if steady else 0.0
+
+
+def _metric(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.4f}"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def print_result(job: dict) -> None:
@@ -245,16 +294,70 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
 
 
 @cli.command()
+def watch(job_id: str, as_json: Annotated[bool, typer.Option("--json", help="print the final Job as JSON")] = False) -> None:
+    """Follow a job with a progress bar (epoch k of n, loss, accuracy, ETA) until it ends;
+    exits 0 only when it succeeded."""
+    with client_from_settings() as client:
+        job = follow(client, job_id)
+    if as_json:
+        print(json.dumps(job, indent=2))
+    if job["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@cli.command()
 def download(
     job_id: str,
     artifact: Annotated[Optional[str], typer.Option(help="one artifact name; default all")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="directory")] = Path("."),
+    as_json: Annotated[bool, typer.Option("--json", help="print [{name, path, size_bytes, sha256}] as JSON")] = False,
 ) -> None:
-    """Fetch a job's artifacts (sha256 checked); prints each saved path."""
+    """Fetch a job's artifacts (sha256 checked), with a progress bar on a terminal; prints each saved path."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    saved = []
     with client_from_settings() as client:
-        names = [artifact] if artifact else [a["name"] for a in call(client.artifacts, job_id)]
-        for name in names:
-            print(call(client.download, job_id, name, output))
+        listed = {a["name"]: a for a in call(client.artifacts, job_id)}
+        names = [artifact] if artifact else list(listed)
+        if not names:
+            fail(f"job {job_id} has no artifacts (they are written when a job succeeds)")
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+            for name in names:
+                task = progress.add_task(name, total=listed.get(name, {}).get("size_bytes"))
+                try:
+                    path = call(client.download, job_id, name, output,
+                                on_progress=lambda done, total, task=task: progress.update(task, completed=done, total=total))
+                except ValueError as exc:  # the checksum differs: the file was not kept
+                    fail(str(exc))
+                saved.append({"name": name, "path": str(path), "size_bytes": listed[name]["size_bytes"],
+                              "sha256": listed[name]["sha256"]})
+                if not as_json:
+                    print(path)
+    if as_json:
+        print(json.dumps(saved, indent=2))
+
+
+@cli.command("workers")
+def list_workers(as_json: Annotated[bool, typer.Option("--json", help="print the WorkerList as JSON")] = False) -> None:
+    """Who is online, what each serves, and how many jobs wait on each queue."""
+    with client_from_settings() as client:
+        fleet = call(client.workers)
+    if as_json:
+        print(json.dumps(fleet, indent=2))
+        return
+    queues = Table(title="queues")
+    for column in ("queue", "queued jobs", "workers online"):
+        queues.add_column(column, justify="left" if column == "queue" else "right")
+    for queue in fleet["queues"]:
+        queues.add_row(queue["name"], str(queue["depth"]), str(queue["workers_online"]))
+    workers = Table(title="workers")
+    for column in ("worker", "online", "serves", "devices", "current job"):
+        workers.add_column(column)
+    for w in fleet["workers"]:
+        current = w["current_job_id"] or ("busy" if w["busy"] else "idle" if w["online"] else "")
+        workers.add_row(w["name"], "yes" if w["online"] else "no", ", ".join(w["queues"]), ", ".join(w["devices"]), current)
+    Console().print(queues, workers)
 
 
 @cli.command()

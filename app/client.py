@@ -2,15 +2,22 @@
 
     client = TrainhubClient("http://127.0.0.1:8000", api_key)
     job = client.submit({"framework": "jax", "dataset": {"name": "digits"}, "epochs": 3})
+    for event in client.events(job["id"]):          # status and per-epoch metrics, live
+        print(event.event, event.data)
     job = client.wait(job["id"])
     client.download(job["id"], "weights.safetensors", Path("out"))
+
+Errors: `ApiError` for an HTTP error status (`status_code`, `detail`); httpx.TransportError
+when the server cannot be reached.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +44,49 @@ def format_detail(detail: Any) -> str:
     return str(detail)
 
 
+@dataclass(frozen=True)
+class Event:
+    """A server-sent event of `GET /jobs/{id}/events`: `event` is "status", "metrics" or
+    "waiting"; `id` the sequence number to resume after (None for "waiting" hints)."""
+
+    id: str | None
+    event: str
+    data: dict
+
+    @property
+    def is_final(self) -> bool:
+        """The job's last event: its final status."""
+        return self.event == "status" and self.data.get("status") in FINISHED
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[Event]:
+    """Events from the lines of a text/event-stream (the WHATWG format: `field: value` lines,
+    a blank line ends an event, `:` starts a comment)."""
+    event_id, name, data = None, "message", []
+    for line in lines:
+        if line == "":
+            if data:
+                yield Event(event_id, name, json.loads("\n".join(data)))
+            event_id, name, data = None, "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "id":
+            event_id = value
+        elif field == "event":
+            name = value
+        elif field == "data":
+            data.append(value)
+
+
 class TrainhubClient:
+    """The HTTP API as methods returning its JSON (dicts shaped as in the OpenAPI page)."""
+
     def __init__(self, base_url: str, api_key: str | None, timeout_s: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout_s = timeout_s
         self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
 
     def close(self) -> None:
@@ -53,12 +100,7 @@ class TrainhubClient:
 
     def _request(self, method: str, path: str, **kwargs) -> Any:
         response = self.http.request(method, path, **kwargs)
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise ApiError(response.status_code, detail)
+        _raise_for_status(response)
         return response.json()
 
     def submit(self, spec: dict, idempotency_key: str | None = None) -> dict:
@@ -116,11 +158,55 @@ class TrainhubClient:
                 raise TimeoutError(f"comparison {comparison_id} still {comparison['status']} after {timeout_s} s")
             time.sleep(poll_s)
 
+    def events(self, job_id: str, last_event_id: str | None = None, *, retries: int = 5) -> Iterator[Event]:
+        """The job's server-sent events until its final status (see `Event`).
+
+        A dropped connection is resumed with Last-Event-ID, so no status or epoch is missed or
+        repeated; after `retries` failed reconnects in a row the transport error is raised.
+        Raises ApiError (e.g. 404) when the server refuses the stream."""
+        failures = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last_event_id is not None:
+                headers["Last-Event-ID"] = last_event_id
+            try:
+                # The server writes at least every 15 s (a keepalive comment) while the job lives.
+                timeout = httpx.Timeout(self.timeout_s, read=max(self.timeout_s, 60.0))
+                with self.http.stream("GET", f"/jobs/{job_id}/events", headers=headers, timeout=timeout) as response:
+                    _raise_for_status(response)
+                    for event in parse_sse(response.iter_lines()):
+                        failures = 0
+                        if event.id is not None:
+                            last_event_id = event.id
+                        yield event
+                        if event.is_final:
+                            return
+                raise httpx.RemoteProtocolError("the event stream ended before the job did")
+            except httpx.TransportError:
+                failures += 1
+                if failures > retries:
+                    raise
+                time.sleep(min(0.25 * 2 ** failures, 5.0))
+
+    def workers(self) -> dict:
+        """GET /workers: the workers (online or not, what each serves) and the queue depths."""
+        return self._request("GET", "/workers")
+
+    def metrics(self) -> str:
+        """GET /metrics: the Prometheus text format."""
+        response = self.http.get("/metrics")
+        _raise_for_status(response)
+        return response.text
+
     def artifacts(self, job_id: str) -> list[dict]:
         return self._request("GET", f"/jobs/{job_id}/artifacts")
 
-    def download(self, job_id: str, name: str, dest_dir: Path) -> Path:
-        """Save one artifact into `dest_dir` and check its sha256 against the listing.
+    def download(
+        self, job_id: str, name: str, dest_dir: Path, on_progress: Callable[[int, int], None] | None = None,
+    ) -> Path:
+        """Save one artifact into `dest_dir` and check its sha256 against the listing;
+        `on_progress(bytes_so_far, total_bytes)` is called as chunks arrive. The file appears
+        only once complete and checked (it is written to `<name>.part` first).
 
         Raises ApiError for an unknown name and ValueError when the checksum differs."""
         listed = {a["name"]: a for a in self.artifacts(job_id)}
@@ -128,14 +214,34 @@ class TrainhubClient:
             raise ApiError(404, f"job {job_id} has no artifact named {name!r}; it has {', '.join(listed) or 'none'}")
         dest_dir.mkdir(parents=True, exist_ok=True)
         path = dest_dir / Path(name).name
-        digest = hashlib.sha256()
-        with self.http.stream("GET", f"/jobs/{job_id}/artifacts/{name}") as response:
-            if response.status_code >= 400:
-                raise ApiError(response.status_code, response.read().decode(errors="replace"))
-            with open(path, "wb") as f:
-                for chunk in response.iter_bytes():
-                    f.write(chunk)
-                    digest.update(chunk)
-        if digest.hexdigest() != listed[name]["sha256"]:
-            raise ValueError(f"{name}: sha256 {digest.hexdigest()} differs from the listed {listed[name]['sha256']}")
+        partial = path.with_name(path.name + ".part")
+        digest, done, total = hashlib.sha256(), 0, listed[name]["size_bytes"]
+        try:
+            with self.http.stream("GET", f"/jobs/{job_id}/artifacts/{name}") as response:
+                _raise_for_status(response)
+                with open(partial, "wb") as f:
+                    for chunk in response.iter_bytes(1 << 20):
+                        f.write(chunk)
+                        digest.update(chunk)
+                        done += len(chunk)
+                        if on_progress:
+                            on_progress(done, total)
+            if digest.hexdigest() != listed[name]["sha256"]:
+                raise ValueError(f"{name}: sha256 {digest.hexdigest()} differs from the listed {listed[name]['sha256']}")
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
         return path
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    """ApiError with the API's `detail` for a 4xx or 5xx response (streamed or not)."""
+    if response.status_code < 400:
+        return
+    response.read()
+    try:
+        body = response.json()
+        detail = body.get("detail", response.text) if isinstance(body, dict) else body
+    except ValueError:
+        detail = response.text
+    raise ApiError(response.status_code, detail)

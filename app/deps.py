@@ -8,7 +8,7 @@ from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.db import get_session
+from app.db import get_session, session_scope
 from app.keys import find_key
 from app.models import ApiKey
 
@@ -37,3 +37,15 @@ def current_user(
 
 
 CurrentUser = Annotated[ApiKey, Depends(current_user)]
+
+
+def current_user_briefly(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> ApiKey:
+    """Like `current_user`, but its database session is closed before the handler runs: for
+    long-lived responses (the event stream) that must not hold a connection while they wait."""
+    with session_scope() as session:
+        return current_user(session, credentials)
+
+
+BriefUser = Annotated[ApiKey, Depends(current_user_briefly)]

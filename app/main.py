@@ -6,10 +6,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
-from app.api import artifacts, comparisons, health, jobs
+from app.api import artifacts, comparisons, dashboard, events, health, jobs, metrics, workers
 from app.db import migrate
-from app.errors import validation_error
+from app.errors import database_unavailable, validation_error
 
 
 @asynccontextmanager
@@ -26,10 +27,17 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
     )
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(OperationalError, database_unavailable)
+    app.add_exception_handler(InterfaceError, database_unavailable)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(artifacts.router)
     app.include_router(comparisons.router)
+    app.include_router(events.router)
+    app.include_router(workers.router)
+    app.include_router(metrics.router)
+    app.include_router(dashboard.router)
+    app.mount("/static", dashboard.static_files, name="static")
     return app
 
 

@@ -99,3 +99,37 @@ class Comparison(BaseModel):
     table: list[ComparisonRow] | None
     parity: dict | None
     error: ComparisonError | None
+
+
+class Worker(BaseModel):
+    """A worker as its last heartbeat describes it. `online` while `last_seen` is younger than
+    `worker_timeout_s`; `current_job_id` is shown only when that job is the caller's (`busy`
+    says whether it trains anything)."""
+
+    name: str
+    hostname: str
+    hardware: str
+    online: bool
+    queues: list[str]
+    devices: list[str]
+    versions: dict[str, str]
+    busy: bool
+    current_job_id: str | None
+    started_at: datetime
+    last_seen: datetime
+
+
+class QueueDepth(BaseModel):
+    """A queue `<hardware>.<framework>`: jobs waiting on it (everyone's) and the online workers
+    that serve it."""
+
+    name: str
+    depth: int
+    workers_online: int
+
+
+class WorkerList(BaseModel):
+    """The workers seen recently, online first, and every queue's depth."""
+
+    workers: list[Worker]
+    queues: list[QueueDepth]

@@ -56,9 +56,11 @@ def forget_unfinished_jobs(database_url: str) -> None:
 
 
 @contextmanager
-def running_service(database_url: str, broker_url: str, root: Path, workers: int = 1, **settings: str):
+def running_service(database_url: str, broker_url: str, root: Path, workers: int = 1,
+                    api_database_url: str | None = None, **settings: str):
     """The API and `workers` cpu workers on `broker_url`; `settings` are extra TRAINHUB_* values
-    (e.g. heartbeat_s="0.5"). Stops them all on exit."""
+    (e.g. heartbeat_s="0.5"); `api_database_url` gives the API another way to the database
+    (through a proxy a test can cut). Stops them all on exit."""
     forget_unfinished_jobs(database_url)
     env = {
         **os.environ,
@@ -71,11 +73,14 @@ def running_service(database_url: str, broker_url: str, root: Path, workers: int
     }
     port = free_port()
     stack = Stack(url=f"http://127.0.0.1:{port}")
+    api_env = {**env, "TRAINHUB_DATABASE_URL": api_database_url or database_url}
     stack.processes.append(subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"], env=env))
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"], env=api_env))
     svc = Service(url=stack.url, env=env, stack=stack, artifact_dir=root / "artifacts")
-    for _ in range(workers):
-        svc.start_worker("--hardware", "cpu")
+    for i in range(workers):
+        # One core each, as in production (one worker per device): two workers sharing both
+        # cores oversubscribe their BLAS threads and crawl.
+        svc.start_worker("--hardware", "cpu", *(["--devices", str(i % os.cpu_count())] if workers > 1 else []))
     try:
         stack.wait_ready()
         yield svc

@@ -1,0 +1,52 @@
+"""Route of a job's server-sent events (see app/events.py for what is sent and how ids work)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, status
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from app import events
+from app import jobs as service
+from app.db import session_scope
+from app.deps import BriefUser
+from app.models import ApiKey
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def _owns(user: ApiKey, job_id: str) -> bool:
+    with session_scope() as session:
+        return service.get_job(session, user, job_id) is not None
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}},
+                     "description": "`status`, `metrics` and `waiting` events until the job ends."}},
+)
+async def job_events(
+    job_id: str,
+    user: BriefUser,
+    last_event_id: Annotated[str | None, Header(max_length=40)] = None,
+) -> StreamingResponse:
+    """Server-sent events of one job, ending after its final status.
+
+    - `status` (id 0 queued, 1 running, epochs + 2 the final one): `{"status", "at", "progress", ...}`;
+      the final one carries `result`, `error` and `timings`.
+    - `metrics` (id 1 + epoch): one epoch's metrics, as in `GET /jobs/{id}/metrics`, plus `progress`.
+    - `waiting` (no id): `{"waiting_reason"}` when why a queued job waits changes.
+
+    Reconnect with `Last-Event-ID` to get only what came after (browsers' EventSource does this
+    itself). The API key goes in the `Authorization` header as everywhere else: EventSource
+    cannot send one, so the dashboard reads this stream with `fetch`."""
+    if not await run_in_threadpool(_owns, user, job_id):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
+    return StreamingResponse(
+        events.stream(job_id, events.parse_last_event_id(last_event_id)),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

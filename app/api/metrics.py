@@ -1,0 +1,20 @@
+"""Route of the Prometheus metrics (see app/metrics.py for what they are)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from app import metrics
+from app.deps import CurrentUser
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+def prometheus_metrics(_user: CurrentUser) -> Response:
+    """Prometheus text format: jobs by status, queue depth by queue, workers online, job and
+    epoch durations as histograms. Like every API route it takes an API key (Prometheus:
+    `authorization: {credentials: th_...}` in the scrape config); the numbers are totals over
+    all users."""
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,218 @@
+"""A job's server-sent events, derived from its row and its metrics rows (nothing extra is stored).
+
+Every event with an `id` has a sequence number that orders the job's life:
+
+    0             status "queued"                (the job was created)
+    1             status "running"               (a worker claimed it)
+    1 + k         metrics of epoch k, k = 1..epochs
+    2 + epochs    the final status: succeeded | failed | cancelled
+
+The numbers are functions of what is stored, so a client that reconnects with
+`Last-Event-ID: n` is sent exactly the events numbered above n and misses nothing. A fresh
+connection replays the job's whole story. Events without an id ("waiting": why a queued job
+has not started, null once it has) are hints that may change and are not replayed.
+
+The stream polls the database with a new, short session each time and holds none while it
+sleeps, so many watchers share the connection pool with the rest of the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from app import jobs
+from app.db import session_scope
+from app.models import EpochMetric, Job
+from app.schemas import FINISHED
+
+# How often a stream looks at the database (seconds): an epoch appears at most this late.
+POLL_S = 0.5
+# How often a queued job's waiting reason is recomputed (two queries; heartbeats come every 5 s).
+WAITING_CHECK_S = 2.0
+# A comment line this often keeps proxies and clients from timing out an idle stream.
+KEEPALIVE_S = 15.0
+# Polls of all streams in flight at once, per event loop: they run in the thread pool and must
+# leave it (and the connection pool) to the other requests however many watchers there are.
+MAX_CONCURRENT_POLLS = 4
+# What a browser waits before reconnecting (milliseconds), sent as the stream's `retry:`.
+RETRY_MS = 1000
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event: `id` is its sequence number (None for hints), `data` a JSON object."""
+
+    id: int | None
+    event: str  # "status" | "metrics" | "waiting"
+    data: dict
+
+    def encode(self) -> str:
+        lines = [f"id: {self.id}"] if self.id is not None else []
+        lines.append(f"event: {self.event}")
+        lines.append(f"data: {json.dumps(_finite(self.data), allow_nan=False, separators=(',', ':'))}")
+        return "\n".join(lines) + "\n\n"
+
+
+@dataclass(frozen=True)
+class JobState:
+    """The columns of a job's row that its events are made of."""
+
+    status: str
+    framework: str
+    hardware: str
+    epochs: int
+    epoch: int
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: dict | None
+    error: dict | None
+    timings: dict | None
+    worker: dict | None
+
+
+def final_id(epochs: int) -> int:
+    """The sequence number of a job's final status event."""
+    return epochs + 2
+
+
+def parse_last_event_id(value: str | None) -> int:
+    """The number a client last saw; -1 (replay everything) when absent or not one of ours."""
+    try:
+        return int(value) if value is not None else -1
+    except ValueError:
+        return -1
+
+
+def events_after(state: JobState, metrics: list[dict], last_id: int) -> list[Event]:
+    """The job's events numbered above `last_id`, in order, from its row and the metrics rows
+    read after it (`metrics`: dicts of app.jobs.metric_dict, any epochs; those at or below
+    `last_id` are skipped). The same stored rows always give the same events."""
+    events = []
+    if last_id < 0:
+        events.append(Event(0, "status", {"status": "queued", "at": _iso(state.created_at),
+                                          "progress": {"epoch": 0, "epochs": state.epochs}}))
+    # A job a lost worker left goes back to queued with started_at kept: it did run, and its
+    # later epochs follow this event; the "waiting" hint says it waits again.
+    if last_id < 1 and state.started_at is not None:
+        events.append(Event(1, "status", {"status": "running", "at": _iso(state.started_at),
+                                          "progress": {"epoch": 0, "epochs": state.epochs},
+                                          "attempts": state.attempts}))
+    for metric in sorted(metrics, key=lambda m: m["epoch"]):
+        if 1 + metric["epoch"] > last_id:
+            events.append(Event(1 + metric["epoch"], "metrics", {
+                **metric, "progress": {"epoch": metric["epoch"], "epochs": state.epochs}}))
+    if state.status in FINISHED and last_id < final_id(state.epochs):
+        events.append(Event(final_id(state.epochs), "status", {
+            "status": state.status, "at": _iso(state.finished_at),
+            "progress": {"epoch": state.epoch, "epochs": state.epochs},
+            "result": state.result, "error": state.error, "timings": state.timings}))
+    return events
+
+
+def read_state(session: Session, job_id: str) -> JobState | None:
+    """The job's row without its relationships (one query); None if it is gone."""
+    row = session.execute(
+        select(Job.status, Job.framework, Job.hardware, Job.epochs, Job.epoch, Job.attempts, Job.created_at,
+               Job.started_at, Job.finished_at, Job.result, Job.error, Job.timings, Job.worker)
+        .where(Job.id == job_id)
+    ).first()
+    return JobState(*row) if row is not None else None
+
+
+def read_metrics(session: Session, job_id: str, after_epoch: int) -> list[dict]:
+    """The job's metrics of the epochs after `after_epoch`."""
+    rows = session.scalars(
+        select(EpochMetric).where(EpochMetric.job_id == job_id, EpochMetric.epoch > after_epoch)
+        .order_by(EpochMetric.epoch)
+    )
+    return [jobs.metric_dict(m) for m in rows]
+
+
+def current_waiting_reason(session: Session, state: JobState) -> str | None:
+    """Why the queued job waits (app.jobs.waiting_reason), computed without loading its relations."""
+    probe = Job(status=state.status, hardware=state.hardware, framework=state.framework, created_at=state.created_at)
+    return jobs.waiting_reason(session, probe, jobs.online_queues(session))
+
+
+def poll(job_id: str, last_id: int, want_reason: bool) -> tuple[JobState | None, list[dict], str | None]:
+    """One look at the database in a session of its own: the row first, then the metrics, so a
+    finished row is never seen with metrics missing (a worker stores each epoch before it
+    ends the job)."""
+    with session_scope() as session:
+        state = read_state(session, job_id)
+        if state is None:
+            return None, [], None
+        metrics = read_metrics(session, job_id, after_epoch=max(last_id - 1, 0)) if state.started_at else []
+        reason = current_waiting_reason(session, state) if want_reason and state.status == "queued" else None
+        return state, metrics, reason
+
+
+_poll_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _poll_slot() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if loop not in _poll_slots:
+        _poll_slots[loop] = asyncio.Semaphore(MAX_CONCURRENT_POLLS)
+    return _poll_slots[loop]
+
+
+async def stream(job_id: str, last_id: int) -> AsyncIterator[str]:
+    """The encoded event stream of a job after `last_id`; it ends after the final status."""
+    yield f"retry: {RETRY_MS}\n\n"
+    reason: str | None = None
+    next_reason_check = 0.0
+    last_write = time.monotonic()
+    while True:
+        want_reason = time.monotonic() >= next_reason_check
+        async with _poll_slot():
+            state, metrics, new_reason = await run_in_threadpool(poll, job_id, last_id, want_reason)
+        if state is None:
+            return
+        if want_reason:
+            next_reason_check = time.monotonic() + WAITING_CHECK_S
+        for event in events_after(state, metrics, last_id):
+            yield event.encode()
+            last_id, last_write = event.id, time.monotonic()
+        if state.status in FINISHED:
+            return
+        if (want_reason and state.status == "queued" and new_reason != reason) or (
+                state.status != "queued" and reason is not None):
+            # the reason changed, or the job left the queue (null: it no longer waits)
+            reason, last_write = (new_reason if state.status == "queued" else None), time.monotonic()
+            yield Event(None, "waiting", {"waiting_reason": reason}).encode()
+        if time.monotonic() - last_write >= KEEPALIVE_S:
+            last_write = time.monotonic()
+            yield ": keepalive\n\n"
+        await asyncio.sleep(POLL_S)
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    # SQLite hands back naive datetimes; they are UTC.
+    return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
+
+
+def _finite(value):
+    # JSON has no NaN or Infinity (a diverged loss): send null, which every client can parse.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

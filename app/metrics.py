@@ -1,0 +1,113 @@
+"""Prometheus metrics, read from the database at each scrape.
+
+Jobs are run by worker processes, so the API process sees no job start or end: every number
+here is derived from the tables (the source of truth), which also keeps several API replicas
+in agreement. The histograms are computed in SQL, one row per label set.
+
+- trainhub_jobs{status}                          gauge: jobs in each status
+- trainhub_queue_depth{queue}                    gauge: queued jobs per `<hardware>.<framework>`
+- trainhub_workers_online{hardware}              gauge: workers with a recent heartbeat
+- trainhub_job_duration_seconds{framework,hardware,status}   histogram: started -> finished
+- trainhub_epoch_duration_seconds{framework,hardware}        histogram: each epoch's training time
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy.orm import Session
+
+from app import heartbeats
+from app.db import session_scope
+from app.models import EpochMetric, Job
+from app.schemas import FINISHED
+
+STATUSES = ("queued", "running", *FINISHED)
+# Upper bounds in seconds: a job takes seconds (digits on a CPU) to days; an epoch, from tens
+# of milliseconds (digits) to minutes.
+JOB_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 7 * 24 * 3600)
+EPOCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+def job_seconds(session: Session) -> ColumnElement[float]:
+    """started_at -> finished_at in seconds, in the database's own date arithmetic."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.extract("epoch", Job.finished_at - Job.started_at)
+    return (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0
+
+
+def histogram(name: str, documentation: str, label_names: list[str], rows, buckets: tuple) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=label_names)
+    for row in rows:
+        labels, (count, total, *cumulative) = row[:len(label_names)], row[len(label_names):]
+        pairs = [(_bound(b), float(c or 0)) for b, c in zip(buckets, cumulative)] + [("+Inf", float(count))]
+        family.add_metric(list(labels), pairs, sum_value=float(total))
+    return family
+
+
+def _bound(value: float) -> str:
+    return str(float(value))
+
+
+class TrainhubCollector(Collector):
+    """Collects the metrics of the module docstring from the database at each scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        with session_scope() as session:
+            yield from self._collect(session)
+
+    def _collect(self, session: Session) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily("trainhub_jobs", "Jobs in each status.", labels=["status"])
+        counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+        for status in sorted(set(STATUSES) | set(counts)):
+            jobs.add_metric([status], counts.get(status, 0))
+        yield jobs
+
+        depth = GaugeMetricFamily("trainhub_queue_depth", "Queued jobs per queue <hardware>.<framework>.",
+                                  labels=["queue"])
+        for queue, count in sorted(heartbeats.queue_depths(session).items()):
+            depth.add_metric([queue], count)
+        yield depth
+
+        online = GaugeMetricFamily("trainhub_workers_online", "Workers whose heartbeat is recent.",
+                                   labels=["hardware"])
+        per_hardware = dict.fromkeys(heartbeats.HARDWARE, 0)
+        for worker in heartbeats.online_workers(session):
+            per_hardware[worker.hardware] = per_hardware.get(worker.hardware, 0) + 1
+        for hardware, count in sorted(per_hardware.items()):
+            online.add_metric([hardware], count)
+        yield online
+
+        seconds = job_seconds(session)
+        rows = session.execute(
+            select(Job.framework, Job.hardware, Job.status, func.count(), func.coalesce(func.sum(seconds), 0.0),
+                   *(func.sum(case((seconds <= bound, 1), else_=0)) for bound in JOB_BUCKETS))
+            .where(Job.status.in_(FINISHED), Job.started_at.is_not(None), Job.finished_at.is_not(None))
+            .group_by(Job.framework, Job.hardware, Job.status)
+        )
+        yield histogram("trainhub_job_duration_seconds", "Jobs from start to end (finished jobs that started).",
+                        ["framework", "hardware", "status"], rows, JOB_BUCKETS)
+
+        epoch_s = EpochMetric.epoch_time_s
+        rows = session.execute(
+            select(Job.framework, Job.hardware, func.count(), func.coalesce(func.sum(epoch_s), 0.0),
+                   *(func.sum(case((epoch_s <= bound, 1), else_=0)) for bound in EPOCH_BUCKETS))
+            .join(Job, Job.id == EpochMetric.job_id)
+            .group_by(Job.framework, Job.hardware)
+        )
+        yield histogram("trainhub_epoch_duration_seconds", "Training time of each epoch (evaluation excluded).",
+                        ["framework", "hardware"], rows, EPOCH_BUCKETS)
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(TrainhubCollector())
+ProcessCollector(namespace="trainhub_api", registry=registry)
+
+
+def render() -> bytes:
+    """The Prometheus text format of every metric."""
+    return generate_latest(registry)

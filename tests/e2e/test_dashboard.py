@@ -1,0 +1,184 @@
+"""The dashboard in a real browser (Playwright driving Debian's Chromium) against the real service.
+
+Screenshots go to `test-output/dashboard/` (or `$TRAINHUB_TEST_OUTPUT_DIR/dashboard/`), with the
+artifact the browser downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+DIGITS = {"dataset": {"name": "digits"}, "batch_size": 64}
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("TRAINHUB_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{what} (.ci/run installs it)")
+    pytest.skip(what)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright is not installed: pip install -e '.[test]'")
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        _missing("chromium is not installed: apt-get install chromium")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def shots(repo_root) -> Path:
+    folder = Path(os.environ.get("TRAINHUB_TEST_OUTPUT_DIR", repo_root / "test-output")) / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(accept_downloads=True, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def sign_in(page, url: str, key: str) -> None:
+    page.goto(f"{url}/")
+    page.fill("#api-key", key)
+    page.click("#signin-form button[type=submit]")
+
+
+def points(page, chart: str) -> int:
+    return int(page.get_attribute(chart, "data-points"))
+
+
+def wait_for_points(page, chart: str, more_than: int, timeout_s: float = 60.0) -> int:
+    """Poll the chart's point count from Python: the page's CSP forbids the eval behind
+    Playwright's wait_for_function, as it should."""
+    deadline = time.monotonic() + timeout_s
+    while (count := points(page, chart)) <= more_than:
+        assert time.monotonic() < deadline, f"{chart} stayed at {count} points"
+        page.wait_for_timeout(100)
+    return count
+
+
+def test_watch_training_compare_and_download_in_the_browser(service, page, shots):
+    from playwright.sync_api import expect
+
+    key = service.new_key("browser")
+    with service.client(key) as client:
+        done = client.wait(client.submit({**DIGITS, "framework": "jax", "epochs": 2, "name": "finished-one"})["id"],
+                           timeout_s=120)
+        assert done["status"] == "succeeded", done["error"]
+        broken = client.submit({"framework": "jax", "dataset": {"name": "mnist"}, "epochs": 1, "name": "no-data"})
+        running = client.submit({**DIGITS, "framework": "pytorch", "epochs": 300, "name": "long-one"})
+
+    # sign in: a wrong key is refused, the right one shows the list
+    sign_in(page, service.url, "th_not-a-key")
+    expect(page.locator("#signin-error")).to_contain_text("refused")
+    sign_in(page, service.url, key)
+    rows = page.locator("#jobs-body tr")
+    expect(rows).to_have_count(3)
+    finished_row = page.locator(f'tr[data-job-id="{done["id"]}"]')
+    expect(finished_row.locator(".badge")).to_have_text("succeeded")
+    expect(finished_row).to_contain_text("finished-one")
+    expect(finished_row).to_contain_text("jax")
+    expect(finished_row).to_contain_text("2/2")
+    expect(finished_row).to_contain_text(f"{100 * done['result']['test_accuracy']:.2f}%")
+    # the list updates live: the long job is seen starting without a reload
+    expect(page.locator(f'tr[data-job-id="{running["id"]}"] .badge')).to_have_text("running", timeout=90_000)
+    expect(page.locator(f'tr[data-job-id="{broken["id"]}"]')).to_contain_text("data_not_found")
+    page.select_option("#filter-status", "succeeded")
+    expect(rows).to_have_count(1)
+    expect(page).to_have_url(re.compile(r"/\?status=succeeded$"))
+    page.screenshot(path=shots / "01-jobs-filtered.png", full_page=True)
+    page.select_option("#filter-status", "")
+    expect(rows).to_have_count(3)
+    page.screenshot(path=shots / "02-jobs.png", full_page=True)
+
+    # a running job: its loss chart gains points as epochs end, then the cancel button stops it
+    page.click(f'tr[data-job-id="{running["id"]}"] a.job-link')
+    expect(page).to_have_url(f"{service.url}/ui/jobs/{running['id']}")
+    expect(page.locator("#job-spec")).to_contain_text("pytorch")
+    before = wait_for_points(page, "#loss-chart", 0)
+    after = wait_for_points(page, "#loss-chart", before)
+    assert page.locator('#loss-chart g.series[data-series="train loss"] circle').count() >= after
+    expect(page.locator("#job-live")).to_contain_text("live")
+    page.screenshot(path=shots / "03-running-job.png", full_page=True)
+    page.click("#cancel")
+    expect(page.locator("#cancel")).to_have_text("Click again to cancel")
+    page.click("#cancel")
+    expect(page.locator("#job-status")).to_have_text("cancelled", timeout=30_000)
+    expect(page.locator("#cancel")).to_be_hidden()
+
+    # a failed job says why, plainly
+    page.goto(f"{service.url}/ui/jobs/{broken['id']}")
+    expect(page.locator("#job-error")).to_contain_text("Failed: data_not_found")
+    expect(page.locator("#job-error")).to_contain_text("TRAINHUB_DATA_DIR")
+    page.screenshot(path=shots / "04-failed-job.png", full_page=True)
+
+    # a comparison: found in the list, the side-by-side table and both loss curves overlaid
+    with service.client(key) as client:
+        comparison = client.compare({**DIGITS, "epochs": 2, "name": "side-by-side"})
+    page.goto(f"{service.url}/ui/comparisons")
+    page.click(f'tr[data-comparison-id="{comparison["id"]}"] a')
+    expect(page).to_have_url(f"{service.url}/ui/comparisons/{comparison['id']}")
+    expect(page.locator('#side-by-side-body tr[data-metric="test_accuracy"]')).to_be_visible(timeout=180_000)
+    expect(page.locator("#comparison-status")).to_have_text("succeeded")
+    expect(page.locator("#side-by-side thead")).to_contain_text("JAX / PyTorch")
+    for framework in ("JAX", "PyTorch"):
+        for chart in ("#train-loss-chart", "#test-loss-chart"):
+            expect(page.locator(f'{chart} g.series[data-series="{framework}"] circle')).to_have_count(2)
+    page.screenshot(path=shots / "05-comparison.png", full_page=True)
+
+    # download an artifact of the finished job
+    page.goto(f"{service.url}/ui/jobs/{done['id']}")
+    expect(page.locator("#job-status")).to_have_text("succeeded")
+    expect(page.locator("#loss-chart")).to_have_attribute("data-points", "2")
+    with page.expect_download() as downloading:
+        page.click('button[data-artifact="weights.safetensors"]')
+    saved = shots / "weights.safetensors"
+    downloading.value.save_as(saved)
+    listed = {a["name"]: a for a in done["artifacts"]}["weights.safetensors"]
+    assert hashlib.sha256(saved.read_bytes()).hexdigest() == listed["sha256"]
+    page.screenshot(path=shots / "06-finished-job.png", full_page=True)
+
+    # workers and queues
+    page.click("nav >> text=Workers")
+    expect(page.locator('#workers-body tr[data-online="true"]').first).to_contain_text("cpu.jax, cpu.pytorch")
+    expect(page.locator('#queues-body tr[data-queue="cpu.pytorch"]')).to_be_visible()
+    page.screenshot(path=shots / "07-workers.png", full_page=True)
+
+
+def test_a_user_sees_only_their_own_jobs(service, page):
+    from playwright.sync_api import expect
+
+    with service.client(service.new_key("alice")) as alice:
+        job = alice.submit({**DIGITS, "framework": "jax", "hardware": "tpu"})  # waits: no tpu worker
+        alice.cancel(job["id"])
+    sign_in(page, service.url, service.new_key("bob"))
+    expect(page.locator("#jobs-empty")).to_be_visible()
+    expect(page.locator("#jobs-body tr")).to_have_count(0)
+    page.goto(f"{service.url}/ui/jobs/{job['id']}")
+    expect(page.locator("#content h1")).to_have_text("Job not found")
+    # signing out forgets the key
+    page.click("#sign-out")
+    expect(page.locator("#signin")).to_be_visible()

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from trainers.base import EpochMetrics
+from trainers.base import EpochMetrics, check_finite
 from trainers.spec import JobSpec
 
 Weights = dict[str, np.ndarray]
@@ -65,6 +65,27 @@ def epoch_batches(seed: int, epoch: int, n: int, batch_size: int) -> np.ndarray:
     steps = n // batch_size
     order = np.random.default_rng((seed, epoch)).permutation(n)
     return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
+
+
+def summarize_epoch(
+    epoch: int, *, loss_sum: float, correct: float, steps: int, batch_size: int,
+    test_loss: float, test_accuracy: float, epoch_time_s: float, eval_time_s: float,
+) -> EpochMetrics:
+    """An epoch's metrics from its sums over `steps` batches of `batch_size` examples.
+
+    Raises NanLoss when the training loss is not a finite number."""
+    metrics = EpochMetrics(
+        epoch=epoch,
+        train_loss=loss_sum / steps,
+        train_accuracy=correct / (steps * batch_size),
+        test_loss=test_loss,
+        test_accuracy=test_accuracy,
+        epoch_time_s=epoch_time_s,
+        eval_time_s=eval_time_s,
+        samples_per_s=steps * batch_size / epoch_time_s,
+    )
+    check_finite(metrics)
+    return metrics
 
 
 def steady_epoch_s(epoch_times: Sequence[float]) -> float:

@@ -30,8 +30,8 @@ from flax.training.train_state import TrainState
 from jax.experimental.compilation_cache import compilation_cache
 
 from trainers import jax_checkpoint
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop, check_finite
-from trainers.common import epoch_batches, fit_timings, init_params, write_common_artifacts
+from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop
+from trainers.common import epoch_batches, fit_timings, init_params, summarize_epoch, write_common_artifacts
 from trainers.data import load_dataset
 from trainers.jax_models import MLP, eval_metrics, params_from_weights, weights_from_params
 from trainers.spec import JobSpec
@@ -102,17 +102,10 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         test_loss, test_accuracy = (float(v) for v in jax.device_get(evaluate(state.params, x_test, y_test)))
         eval_time_s = time.perf_counter() - eval_start
 
-        epoch_metrics = EpochMetrics(
-            epoch=epoch,
-            train_loss=loss_sum / steps,
-            train_accuracy=correct / (steps * batch_size),
-            test_loss=test_loss,
-            test_accuracy=test_accuracy,
-            epoch_time_s=epoch_time_s,
-            eval_time_s=eval_time_s,
-            samples_per_s=steps * batch_size / epoch_time_s,
+        epoch_metrics = summarize_epoch(
+            epoch, loss_sum=loss_sum, correct=correct, steps=steps, batch_size=batch_size, test_loss=test_loss,
+            test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
         )
-        check_finite(epoch_metrics)
         metrics.append(epoch_metrics)
         checkpoint_start = time.perf_counter()
         jax_checkpoint.save(workdir, epoch, state, metrics, first_step_loss)

@@ -17,6 +17,16 @@ from app.client import TrainhubClient
 from app.stack import Stack, free_port
 
 
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy (returned); AssertionError on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(pytest.mark.e2e)

@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, func, select
 from sqlalchemy.engine import make_url
 
 from app.models import Artifact, EpochMetric
-from tests.e2e.conftest import RedisServer, running_service
+from tests.e2e.conftest import wait_for, RedisServer, running_service
 from tests.e2e.proxy import Proxy
 
 # Short enough for a test, long enough for a heartbeat to be missed only when a worker is gone.
@@ -23,13 +23,6 @@ SLOW = {"dataset": {"name": "fashion-mnist", "train_limit": 6000, "test_limit": 
 DIGITS = {"dataset": {"name": "digits"}, "batch_size": 64}
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

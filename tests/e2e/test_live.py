@@ -16,18 +16,11 @@ from sqlalchemy import create_engine, text
 
 from app.client import TrainhubClient
 from app.stack import free_port
+from tests.e2e.conftest import wait_for
 
 DIGITS = {"dataset": {"name": "digits"}, "batch_size": 64}
 
 
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_reconnecting_with_last_event_id_misses_nothing(service):

@@ -13,18 +13,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from app.client import ApiError
+from tests.e2e.conftest import wait_for
 
 DIGITS = {"dataset": {"name": "digits"}, "epochs": 3, "batch_size": 64}
 
 
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("framework", ["jax", "pytorch"])

@@ -21,6 +21,10 @@ def make_celery(settings: Settings) -> Celery:
             Path(transport_options[key]).mkdir(parents=True, exist_ok=True)
     if settings.resolved_broker_url().startswith("redis"):
         transport_options["visibility_timeout"] = settings.visibility_timeout_s
+        # How often a worker looks for messages whose visibility timed out (kombu's default is
+        # every 10 x 10 s); a redelivered job id is harmless, its claim does nothing.
+        transport_options["unacked_restore_interval"] = min(10.0, max(1.0, settings.visibility_timeout_s / 2))
+        transport_options["unacked_restore_throttle"] = 1
     celery.conf.update(
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,

@@ -48,8 +48,13 @@ class Service:
     def client(self, key: str | None = None) -> TrainhubClient:
         return TrainhubClient(self.url, key or self.new_key())
 
-    def start_worker(self, *args: str) -> subprocess.Popen:
-        process = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", *args], env=self.env)
+    def start_worker(self, *args: str, log: Path | None = None) -> subprocess.Popen:
+        """Start `trainhub worker ARGS`; its output goes to `log` when given, else to the test's."""
+        output = open(log, "ab") if log else None
+        process = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", *args], env=self.env,
+                                   stdout=output, stderr=subprocess.STDOUT if output else None)
+        if output:
+            output.close()
         self.stack.processes.append(process)
         return process
 

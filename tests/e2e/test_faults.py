@@ -51,13 +51,24 @@ def faults(database_url, broker, database_link, tmp_path_factory):
         yield svc
 
 
-def kill_worker_running(service, client, job_id: str) -> None:
-    """kill -9 the worker process that runs `job_id`."""
+def kill_worker_running(service, client, job_id: str) -> int:
+    """kill -9 the worker process that runs `job_id`; the core it was pinned to."""
     workers = [p for p in service.stack.processes[1:] if p.poll() is None]
     pid = int(client.get(job_id)["worker"]["name"].rsplit(":", 1)[1])
     victim = next(p for p in workers if p.pid == pid)
+    core = pinned_core(victim)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
+    return core
+
+
+def pinned_core(process) -> int:
+    return int(process.args[process.args.index("--devices") + 1])
+
+
+def restart_worker(service, core: int):
+    """A worker comes back on its core, as a supervisor would restart it."""
+    return service.start_worker("--hardware", "cpu", "--devices", str(core))
 
 
 @pytest.mark.parametrize("framework,epochs", [("pytorch", 6), ("jax", 12)])
@@ -69,8 +80,7 @@ def test_kill_9_mid_epoch_resumes_from_checkpoint_with_identical_results(faults,
 
         job = client.submit(spec)
         wait_for(lambda: client.get(job["id"])["progress"]["epoch"] >= 2, 120, "two epochs")
-        kill_worker_running(faults, client, job["id"])
-        faults.start_worker("--hardware", "cpu")  # the worker comes back, as a supervisor would restart it
+        restart_worker(faults, kill_worker_running(faults, client, job["id"]))
         job = client.wait(job["id"], timeout_s=240)
 
     assert job["status"] == "succeeded", job["error"]
@@ -142,8 +152,7 @@ def test_a_cancelled_queued_job_never_runs_even_after_workers_restart(faults):
         for process in [p for p in faults.stack.processes[1:] if p.poll() is None]:
             process.send_signal(signal.SIGKILL)
             process.wait()
-        for _ in range(2):
-            faults.start_worker("--hardware", "cpu")
+            restart_worker(faults, pinned_core(process))
         for blocker in blockers:
             assert client.wait(blocker["id"], timeout_s=240)["status"] == "succeeded"
         job = client.get(job["id"])
@@ -173,15 +182,14 @@ def test_a_diverging_learning_rate_fails_as_nan_loss(faults):
 
 def test_fifty_jobs_through_two_workers_while_one_is_killed_and_restarted(faults, database_url):
     workers = [p for p in faults.stack.processes[1:] if p.poll() is None]
-    while len(workers) < 2:
-        workers.append(faults.start_worker("--hardware", "cpu"))
+    assert sorted(pinned_core(p) for p in workers) == [0, 1]
     with faults.client() as client:
         ids = [client.submit({**DIGITS, "framework": fw, "epochs": 2, "seed": i})["id"]
                for i, fw in zip(range(50), ["jax", "pytorch"] * 25)]
         wait_for(lambda: sum(client.get(i)["status"] == "succeeded" for i in ids[:20]) >= 10, 240, "10 jobs")
         workers[0].send_signal(signal.SIGKILL)
         workers[0].wait()
-        faults.start_worker("--hardware", "cpu")
+        restart_worker(faults, pinned_core(workers[0]))
         finished = [client.wait(i, timeout_s=300) for i in ids]
     assert [job["status"] for job in finished] == ["succeeded"] * 50
     engine = create_engine(database_url)

@@ -85,6 +85,16 @@ def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
     uvicorn.run("app.main:app", host=host, port=port)
 
 
+@cli.command()
+def migrate() -> None:
+    """Apply the database migrations and exit (the API and workers also apply them on start; a
+    deployment runs this once first, e.g. docker compose's `migrate` service)."""
+    from app.db import migrate as apply_migrations
+
+    apply_migrations()
+    console.print("database migrated")
+
+
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(
     hardware: Annotated[str, typer.Option(help="cpu, gpu or tpu")] = "cpu",
@@ -103,16 +113,67 @@ def worker(
 
 
 @keys_cli.command("create")
-def keys_create(name: Annotated[str, typer.Option(help="who or what the key is for")]) -> None:
-    """Create an API key; the secret is printed once, on the last line of stdout."""
+def keys_create(
+    name: Annotated[str, typer.Option(help="who or what the key is for")],
+    admin: Annotated[bool, typer.Option("--admin", help="sees every job and worker, not only its own")] = False,
+) -> None:
+    """Create an API key; the secret is printed once, on the last line of stdout (only its
+    sha256 is stored)."""
     from app.db import migrate, session_scope
     from app.keys import create_key
 
+    name = name.strip()
+    if not name or len(name) > 200 or not name.isprintable():
+        fail("--name must be 1 to 200 printable characters")
     migrate()
     with session_scope() as session:
-        key, secret = create_key(session, name)
-    console.print(f"created key {key.prefix}… named {name!r}; store it now, it is not shown again")
+        key, secret = create_key(session, name, admin=admin)
+    kind = "admin key" if admin else "key"
+    console.print(f"created {kind} {key.prefix}… (id {key.id}) named {escape(repr(name))}; "
+                  "store it now, it is not shown again")
     print(secret)
+
+
+@keys_cli.command("list")
+def keys_list(as_json: Annotated[bool, typer.Option("--json", help="print the keys as JSON")] = False) -> None:
+    """Every key: id, prefix, name, admin, created and revoked times (never a secret or hash)."""
+    from app.db import migrate, session_scope
+    from app.keys import list_keys
+
+    migrate()
+    with session_scope() as session:
+        rows = [{"id": k.id, "prefix": k.prefix, "name": k.name, "admin": k.is_admin,
+                 "created_at": k.created_at.isoformat(),
+                 "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None} for k in list_keys(session)]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="API keys")
+    for column in ("id", "prefix", "name", "admin", "created", "revoked"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["id"], row["prefix"] + "…", escape(row["name"]), "yes" if row["admin"] else "",
+                      row["created_at"][:19], (row["revoked_at"] or "")[:19])
+    Console().print(table)
+
+
+@keys_cli.command("revoke")
+def keys_revoke(key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")]) -> None:
+    """Revoke a key: every request with it is refused (401) from now on, including its
+    event streams' reconnects. Its jobs are kept."""
+    from app.db import migrate, session_scope
+    from app.keys import AmbiguousKey, revoke_key
+
+    migrate()
+    with session_scope() as session:
+        try:
+            revoked = revoke_key(session, key.removesuffix("…"))
+        except AmbiguousKey:
+            fail(f"{key!r} names more than one key; use the id from `trainhub keys list`")
+        if revoked is None:
+            fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
+        console.print(f"revoked key {revoked.prefix}… named {escape(repr(revoked.name))} "
+                      f"at {revoked.revoked_at.isoformat()}")
 
 
 # --- jobs ------------------------------------------------------------------------------------

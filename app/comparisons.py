@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import jobs
+from app import jobs, limits
 from app.models import ApiKey, Comparison, Job
 from trainers.spec import ComparisonSpec, parameter_count
 
@@ -18,7 +18,9 @@ TABLE_ROWS = ("parameters", "compile_s", "first_epoch_s", "steady_epoch_s", "sam
 
 
 def create_comparison(session: Session, owner: ApiKey, spec: ComparisonSpec) -> Comparison:
-    """Store both jobs and the comparison in one transaction, then enqueue the jobs."""
+    """Store both jobs and the comparison in one transaction, then enqueue the jobs. Raises
+    limits.QuotaExceeded when the key may not add two jobs now."""
+    limits.check_quota(session, owner, len(FRAMEWORKS))
     jax_job, torch_job = (jobs.new_job(owner, spec.for_framework(fw)) for fw in FRAMEWORKS)
     session.add_all([jax_job, torch_job])
     session.flush()
@@ -33,11 +35,11 @@ def create_comparison(session: Session, owner: ApiKey, spec: ComparisonSpec) -> 
 
 def get_comparison(session: Session, owner: ApiKey, comparison_id: str) -> Comparison | None:
     comparison = session.get(Comparison, comparison_id) if jobs.is_id(comparison_id) else None
-    return comparison if comparison is not None and comparison.owner_id == owner.id else None
+    return comparison if comparison is not None and (comparison.owner_id == owner.id or owner.is_admin) else None
 
 
 def list_comparisons(session: Session, owner: ApiKey, limit: int) -> list[Comparison]:
-    query = select(Comparison).where(Comparison.owner_id == owner.id)
+    query = select(Comparison) if owner.is_admin else select(Comparison).where(Comparison.owner_id == owner.id)
     return list(session.scalars(query.order_by(Comparison.created_at.desc()).limit(limit)))
 
 

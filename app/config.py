@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from trainers import spec as hard  # JobSpec's absolute bounds: a setting may lower them, never raise them
 
 
 class Settings(BaseSettings):
@@ -16,12 +20,35 @@ class Settings(BaseSettings):
       PostgreSQL in production, e.g. `postgresql+psycopg://postgres@127.0.0.1:5432/test`.
     - broker_url: Celery broker; default a local filesystem transport under `<var_dir>/broker`;
       `redis://127.0.0.1:6379/0` in production.
-    - artifact_dir: where workers write each job's files (`<artifact_dir>/<job id>/`).
+    - artifact_dir: where workers write each job's files (`<artifact_dir>/<job id>/`); with the
+      local store the API serves them from there too, so API and workers must share it.
+    - artifact_store: `local` (artifact_dir, the default) or `s3`: workers upload each job's files
+      to `s3://<s3_bucket>/<s3_prefix><job id>/<name>` and the API streams them back, so workers
+      on other hosts need no shared filesystem (artifact_dir is then only their scratch space).
+    - s3_endpoint_url, s3_region, s3_access_key_id, s3_secret_access_key: the S3-compatible store
+      (MinIO, Ceph, AWS...); unset values fall back to boto3's own lookup (AWS_* variables,
+      ~/.aws, instance roles).
     - data_dir: where MNIST-format data is looked for first (read by trainers/data.py).
     - compile_cache_dir: JAX's persistent compilation cache, shared by a host's workers
       (default `<var_dir>/jax-cache`).
     - api_key: the key the CLI sends as `Authorization: Bearer ...`.
     - api_url: where the CLI finds the API.
+
+    Limits on what a request may ask for (app/limits.py enforces them; each error names the
+    limit and its variable, e.g. TRAINHUB_MAX_EPOCHS). The spec fields' limits default to the
+    JobSpec's hard caps (trainers/spec.py) and may only be set lower.
+
+    - max_body_bytes: a request body larger than this is refused with 413.
+    - max_json_depth: a JSON body nested deeper (objects and arrays) is refused with 422.
+    - max_epochs, max_batch_size, max_parameters (weights and biases of the MLP),
+      max_labels, max_label_key_chars, max_label_value_chars: a spec above one is 422.
+    - max_runtime_s: the longest a job may run (seconds); a spec that asks for more is 422,
+      and one that names none gets this value (so every job has a deadline).
+    - max_queued_jobs_per_key: a key with this many jobs queued gets 429 for more.
+    - max_submissions_per_minute: jobs a key may create in any 60 s (a comparison is two);
+      past it, 429 with Retry-After.
+    - cors_origins: origins (e.g. `https://ops.example.com`) whose pages may call the API from
+      a browser; comma-separated or a JSON list. Empty (the default): no cross-origin requests.
     """
 
     model_config = SettingsConfigDict(env_prefix="TRAINHUB_", extra="ignore")
@@ -30,6 +57,13 @@ class Settings(BaseSettings):
     database_url: str | None = None
     broker_url: str | None = None
     artifact_dir: Path | None = None
+    artifact_store: Literal["local", "s3"] = "local"
+    s3_bucket: str | None = None
+    s3_prefix: str = ""
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
     data_dir: Path | None = None
     compile_cache_dir: Path | None = None
     api_key: str | None = None
@@ -43,6 +77,39 @@ class Settings(BaseSettings):
     # Redis hands an unacknowledged message to another worker after this long; it must be
     # longer than any job may run (max_runtime_s is capped at 7 days).
     visibility_timeout_s: float = Field(8 * 24 * 3600.0, gt=0)
+
+    # Limits (see the docstring); defaults are the hard caps where a spec field has one.
+    max_body_bytes: int = Field(256 * 1024, ge=1024)
+    max_json_depth: int = Field(32, ge=4, le=256)
+    max_epochs: int = Field(hard.MAX_EPOCHS, ge=1, le=hard.MAX_EPOCHS)
+    max_batch_size: int = Field(hard.MAX_BATCH_SIZE, ge=1, le=hard.MAX_BATCH_SIZE)
+    max_parameters: int = Field(hard.MAX_PARAMETERS, ge=1, le=hard.MAX_PARAMETERS)
+    max_runtime_s: float = Field(hard.MAX_RUNTIME_S, gt=0, le=hard.MAX_RUNTIME_S)
+    max_labels: int = Field(hard.MAX_LABELS, ge=0, le=hard.MAX_LABELS)
+    max_label_key_chars: int = Field(hard.MAX_LABEL_KEY_CHARS, ge=1, le=hard.MAX_LABEL_KEY_CHARS)
+    max_label_value_chars: int = Field(hard.MAX_LABEL_VALUE_CHARS, ge=0, le=hard.MAX_LABEL_VALUE_CHARS)
+    max_queued_jobs_per_key: int = Field(100, ge=1)
+    max_submissions_per_minute: int = Field(60, ge=1)
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins_list(cls, value: object) -> object:
+        # "https://a.example, https://b.example" or a JSON list. "*" is refused: the API takes
+        # keys, so which sites may use them from a browser is a list an operator writes down.
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+        if isinstance(value, list):
+            value = [str(o).strip().rstrip("/") for o in value if str(o).strip()]
+            if "*" in value:
+                raise ValueError("cors_origins may not be '*': list the origins that may call the API")
+        return value
+
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> Settings:
+        if self.artifact_store == "s3" and not self.s3_bucket:
+            raise ValueError("TRAINHUB_ARTIFACT_STORE=s3 needs TRAINHUB_S3_BUCKET")
+        return self
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.var_dir / 'trainhub.db').resolve()}"

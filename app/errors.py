@@ -1,4 +1,5 @@
-"""Error responses: FastAPI's 422 `detail` list, made safe to encode whatever the input was."""
+"""Error responses: FastAPI's 422 `detail` list, made safe to encode whatever the input was;
+`{"detail": "..."}` for the others; and how they are documented in the OpenAPI schema."""
 
 from __future__ import annotations
 
@@ -9,8 +10,39 @@ from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from app.limits import QuotaExceeded, SpecOverLimit
+from app.middleware import is_json
 
 log = logging.getLogger(__name__)
+
+# How much of a bad input a 422 echoes back: enough to recognise it, not a copy of a huge or
+# deeply nested body (which would also cost a deep recursion to encode).
+ECHO_DEPTH = 4
+ECHO_ITEMS = 20
+ECHO_CHARS = 200
+
+
+class Message(BaseModel):
+    """An error other than a bad body: what went wrong and, where there is one, what to do."""
+
+    detail: str
+
+
+_DESCRIPTIONS = {
+    401: "No API key, or one that is malformed, unknown or revoked.",
+    404: "No such resource visible to this key (another key's resource is 404 too, never 403).",
+    409: "The request conflicts with the resource's state.",
+    413: "The request body is larger than this server's limit (TRAINHUB_MAX_BODY_BYTES).",
+    429: "A per-key limit is reached (queued jobs, or jobs per minute: then Retry-After says when to retry).",
+    503: "The database (or artifact store) is unavailable; retry shortly.",
+}
+
+
+def responses(*codes: int) -> dict:
+    """OpenAPI `responses` for the given error statuses, all `{"detail": "..."}`."""
+    return {code: {"model": Message, "description": _DESCRIPTIONS[code]} for code in codes}
 
 
 def _finite(value):
@@ -27,8 +59,60 @@ def _finite(value):
     return value
 
 
-async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-    return JSONResponse({"detail": _finite(jsonable_encoder(exc.errors()))}, status_code=422)
+def _bounded(value, depth: int = 0):
+    """`value` cut to ECHO_DEPTH levels, ECHO_ITEMS items and ECHO_CHARS characters a string."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int) and abs(value) > 2**63:
+        text = str(value) if value.bit_length() < 4000 else "a very long number"
+        return text if len(text) <= 40 else text[:40] + "…"
+    if isinstance(value, str):
+        return value if len(value) <= ECHO_CHARS else value[:ECHO_CHARS] + "…"
+    if isinstance(value, (bytes, bytearray)):
+        return _bounded(bytes(value[:ECHO_CHARS + 1]).decode("utf-8", "backslashreplace"), depth)
+    if isinstance(value, dict):
+        if depth >= ECHO_DEPTH:
+            return "{…}"
+        return {str(_bounded(k, ECHO_DEPTH)): _bounded(v, depth + 1) for k, v in list(value.items())[:ECHO_ITEMS]}
+    if isinstance(value, (list, tuple)):
+        if depth >= ECHO_DEPTH:
+            return "[…]"
+        return [_bounded(v, depth + 1) for v in list(value)[:ECHO_ITEMS]]
+    return value
+
+
+def _echo(error: dict) -> dict:
+    # Bound what an error carries before jsonable_encoder walks it (it recurses without limit).
+    return {k: (_bounded(v) if k in ("input", "ctx") else v) for k, v in error.items()}
+
+
+def _about_the_whole_body(error: dict, request: Request) -> dict:
+    # "Field required" or "Input should be a valid dictionary" for the body as a whole: say what
+    # the body must be, and what was wrong with the request's content type if that is the cause.
+    if tuple(error.get("loc", ())) != ("body",):
+        return error
+    content_type = request.headers.get("content-type")
+    hint = "the request has no body: send a JSON object" if error.get("type") == "missing" else (
+        "the body must be a JSON object")
+    if not content_type or not is_json(content_type):
+        hint += f" with Content-Type: application/json (got {(content_type or 'none')[:100]!r})"
+    return {**error, "msg": f"{hint}; {error.get('msg', '')}"}
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = [_about_the_whole_body(_echo(e), request) for e in exc.errors()]
+    return JSONResponse({"detail": _finite(jsonable_encoder(errors))}, status_code=422)
+
+
+async def spec_over_limit(_request: Request, exc: SpecOverLimit) -> JSONResponse:
+    """A spec above one of this server's limits: 422, one item per limit, each naming it."""
+    return JSONResponse({"detail": exc.errors}, status_code=422)
+
+
+async def quota_exceeded(_request: Request, exc: QuotaExceeded) -> JSONResponse:
+    """The key may not create more jobs now: 429, with Retry-After when waiting is enough."""
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+    return JSONResponse({"detail": exc.message}, status_code=429, headers=headers)
 
 
 async def database_unavailable(_request: Request, exc: Exception) -> JSONResponse:

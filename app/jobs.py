@@ -12,7 +12,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import queue
+from app import limits, queue
 from app.config import get_settings
 from app.models import ApiKey, Job, Worker, utcnow
 from app.schemas import FINISHED, JobSpec
@@ -31,9 +31,11 @@ class CannotCancel(Exception):
 
 def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str | None) -> Job:
     """Store the job, then enqueue its id. The row is committed first, so a broker error leaves a
-    queued job (logged) rather than a lost one. Replays an earlier job for a reused key."""
+    queued job (logged) rather than a lost one. Replays an earlier job for a reused key (a replay
+    counts against no quota). Raises limits.QuotaExceeded when the key may not add a job now."""
     if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
         return earlier
+    limits.check_quota(session, owner, 1)
     job = new_job(owner, spec, idempotency_key)
     session.add(job)
     try:
@@ -95,9 +97,10 @@ def is_id(value: str) -> bool:
 
 
 def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:
-    """The owner's job, or None when it does not exist or belongs to someone else."""
+    """The owner's job, or None when it does not exist or belongs to someone else (an admin key
+    gets any job). Callers answer None with 404, never 403: an id reveals nothing."""
     job = session.get(Job, job_id) if is_id(job_id) else None
-    return job if job is not None and job.owner_id == owner.id else None
+    return job if job is not None and (job.owner_id == owner.id or owner.is_admin) else None
 
 
 def list_jobs(
@@ -110,10 +113,11 @@ def list_jobs(
     limit: int,
     cursor: str | None,
 ) -> tuple[list[Job], str | None]:
-    """The owner's jobs newest first, and the cursor of the next page (None on the last).
+    """The owner's jobs (every job for an admin key) newest first, and the cursor of the next
+    page (None on the last).
 
     Raises ValueError for a cursor this API did not hand out."""
-    query = select(Job).where(Job.owner_id == owner.id)
+    query = select(Job) if owner.is_admin else select(Job).where(Job.owner_id == owner.id)
     if status:
         query = query.where(Job.status == status)
     if framework:
@@ -135,6 +139,8 @@ def encode_cursor(job: Job) -> str:
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created_at, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        if not is_id(job_id):  # e.g. a NUL, which PostgreSQL refuses in a string (a 500 otherwise)
+            raise ValueError(job_id)
         return datetime.fromisoformat(created_at), job_id
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
         raise ValueError("cursor is not one this API returned; pass next_cursor unchanged") from exc
@@ -172,13 +178,25 @@ def waiting_reason(session: Session, job: Job, served: set[str]) -> str | None:
         return None
     if job.queue not in served:
         return f"no online worker serves {job.queue}"
+    ahead = queue_position(session, job) - 1
+    return f"waiting for a free worker on {job.queue} ({ahead} job(s) ahead)"
+
+
+def queue_position(session: Session, job: Job) -> int | None:
+    """1 for the next queued job of its queue `<hardware>.<framework>`, 2 for the one after...;
+    None for a job that is not queued. Counted from the jobs table (everyone's), oldest first:
+    the broker may hold duplicate or stale messages, the rows do not."""
+    if job.status != "queued":
+        return None
+    earlier = Job.created_at < job.created_at
+    if job.id is not None:  # same instant: the id breaks the tie, as in the job list
+        earlier = or_(earlier, and_(Job.created_at == job.created_at, Job.id < job.id))
     ahead = session.scalar(
         select(func.count()).select_from(Job).where(
-            Job.status == "queued", Job.hardware == job.hardware, Job.framework == job.framework,
-            Job.created_at < job.created_at,
+            Job.status == "queued", Job.hardware == job.hardware, Job.framework == job.framework, earlier,
         )
     )
-    return f"waiting for a free worker on {job.queue} ({ahead} job(s) ahead)"
+    return ahead + 1
 
 
 def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None = None) -> JobOut:
@@ -195,6 +213,7 @@ def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None
             "started_at": job.started_at,
             "finished_at": job.finished_at,
             "waiting_reason": waiting_reason(session, job, served),
+            "queue_position": queue_position(session, job),
             "attempts": job.attempts,
             "progress": {"epoch": job.epoch, "epochs": job.epochs},
             "metrics": [metric_dict(m) for m in job.metrics],

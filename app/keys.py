@@ -9,7 +9,7 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import ApiKey
+from app.models import ApiKey, utcnow
 
 KEY_PREFIX = "th_"
 
@@ -19,21 +19,50 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create_key(session: Session, name: str) -> tuple[ApiKey, str]:
-    """Store a new key named `name`; return its row and the secret (the only time it is seen)."""
+def create_key(session: Session, name: str, admin: bool = False) -> tuple[ApiKey, str]:
+    """Store a new key named `name`; return its row and the secret (the only time it is seen).
+    An `admin` key sees every job and worker; a user key only its own jobs."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(name=name, prefix=secret[:10], key_hash=hash_key(secret))
+    key = ApiKey(name=name, prefix=secret[:10], key_hash=hash_key(secret), is_admin=admin)
     session.add(key)
     session.commit()
     return key, secret
 
 
 def find_key(session: Session, secret: str) -> ApiKey | None:
-    """The live key whose secret is `secret`, or None (unknown, malformed or revoked)."""
-    if not secret.startswith(KEY_PREFIX) or len(secret) > 200:
+    """The live key whose secret is `secret`, or None (unknown, malformed or revoked).
+
+    Looked up by the sha256 of the secret (an index hit reveals nothing about the secret) and
+    compared in constant time; read on every request, so a revoked key is refused at once."""
+    if not secret.startswith(KEY_PREFIX) or len(secret) > 200 or not secret.isascii():
         return None
     digest = hash_key(secret)
     key = session.scalars(select(ApiKey).where(ApiKey.key_hash == digest)).first()
     if key is None or key.revoked_at is not None or not hmac.compare_digest(key.key_hash, digest):
         return None
+    return key
+
+
+class AmbiguousKey(Exception):
+    """A prefix that names more than one key."""
+
+
+def list_keys(session: Session) -> list[ApiKey]:
+    """Every key, oldest first (revoked ones too); rows carry the hash, never the secret."""
+    return list(session.scalars(select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)))
+
+
+def revoke_key(session: Session, ident: str) -> ApiKey | None:
+    """Revoke the key whose id or prefix (as `keys list` shows them) is `ident`; None when none
+    matches. Revoking a revoked key keeps its first revocation time. Raises AmbiguousKey when a
+    prefix names several keys."""
+    matches = list(session.scalars(select(ApiKey).where((ApiKey.id == ident) | (ApiKey.prefix == ident))))
+    if len(matches) > 1:
+        raise AmbiguousKey(ident)
+    if not matches:
+        return None
+    key = matches[0]
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        session.commit()
     return key

@@ -6,11 +6,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.api import artifacts, comparisons, dashboard, events, health, jobs, metrics, workers
+from app.config import get_settings
 from app.db import migrate
-from app.errors import database_unavailable, validation_error
+from app.errors import database_unavailable, quota_exceeded, spec_over_limit, validation_error
+from app.limits import QuotaExceeded, SpecOverLimit
+from app.middleware import RequestLimits, SecurityHeaders
 
 
 @asynccontextmanager
@@ -27,6 +31,8 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
     )
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(SpecOverLimit, spec_over_limit)
+    app.add_exception_handler(QuotaExceeded, quota_exceeded)
     app.add_exception_handler(OperationalError, database_unavailable)
     app.add_exception_handler(InterfaceError, database_unavailable)
     app.include_router(health.router)
@@ -38,6 +44,18 @@ def create_app() -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(dashboard.router)
     app.mount("/static", dashboard.static_files, name="static")
+    # The last added runs first: CORS answers preflights, security headers go on every answer
+    # (a 413 too), and bodies are checked before any route reads them.
+    app.add_middleware(RequestLimits)
+    app.add_middleware(SecurityHeaders)
+    if origins := get_settings().cors_origins:
+        # Only the listed origins; without any, browsers keep other sites from reading answers.
+        # Keys travel in the Authorization header, never cookies, so no credentials mode.
+        app.add_middleware(
+            CORSMiddleware, allow_origins=origins, allow_methods=["GET", "HEAD", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "Range"],
+            expose_headers=["Location", "Retry-After", "Content-Range", "Content-Disposition"], max_age=600,
+        )
     return app
 
 

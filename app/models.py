@@ -8,7 +8,8 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import false as sql_false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -35,6 +36,9 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # An admin key sees (and may cancel and download) every job and names every worker's job;
+    # a user key only its own. Made with `trainhub keys create --admin`.
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sql_false())
 
 
 class Job(Base):
@@ -71,7 +75,10 @@ class Job(Base):
         order_by="Artifact.name", cascade="all, delete-orphan", lazy="selectin"
     )
 
-    __table_args__ = (UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency"),)
+    __table_args__ = (
+        UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency"),
+        Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),  # a key's recent jobs (rate limit)
+    )
 
     @property
     def queue(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from trainers.spec import ComparisonSpec, JobSpec
 
@@ -55,6 +55,8 @@ class Job(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     waiting_reason: str | None
+    queue_position: int | None = Field(
+        None, description="While queued: 1 for the next job of its queue <hardware>.<framework>, 2 for the one after...")
     attempts: int
     progress: Progress
     metrics: list[EpochMetrics]

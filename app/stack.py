@@ -62,7 +62,7 @@ class Stack:
 
 
 # Settings that would point the embedded stack at outside services; `up` is always self-contained.
-EXTERNAL_SERVICES = ("TRAINHUB_DATABASE_URL", "TRAINHUB_BROKER_URL", "TRAINHUB_ARTIFACT_DIR")
+EXTERNAL_SERVICES = ("TRAINHUB_DATABASE_URL", "TRAINHUB_BROKER_URL", "TRAINHUB_ARTIFACT_DIR", "TRAINHUB_ARTIFACT_STORE")
 
 
 def embedded_env(var_dir: Path) -> dict[str, str]:

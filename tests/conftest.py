@@ -119,3 +119,56 @@ def auth(make_key) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> str:
+    """A real S3 API on loopback: moto's server mode on a free port. Returns its endpoint URL."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from app.stack import free_port
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/moto-api/", timeout=1)
+                break
+            except httpx.HTTPError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"moto_server did not start on {url}")
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture
+def s3_env(s3_server) -> dict[str, str]:
+    """TRAINHUB_* settings for the S3 artifact store on `s3_server`, with a new empty bucket."""
+    import uuid
+
+    import boto3
+
+    bucket = f"trainhub-{uuid.uuid4().hex[:12]}"
+    env = {
+        "TRAINHUB_ARTIFACT_STORE": "s3",
+        "TRAINHUB_S3_BUCKET": bucket,
+        "TRAINHUB_S3_PREFIX": "artifacts/",
+        "TRAINHUB_S3_ENDPOINT_URL": s3_server,
+        "TRAINHUB_S3_REGION": "us-east-1",
+        "TRAINHUB_S3_ACCESS_KEY_ID": "testing",
+        "TRAINHUB_S3_SECRET_ACCESS_KEY": "testing",
+    }
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+    return env

@@ -22,7 +22,11 @@ MAX_BATCH_SIZE = 65536
 MAX_HIDDEN_UNITS = 16384
 MAX_HIDDEN_LAYERS = 16
 MAX_EXAMPLES = 1_000_000  # per split: 1M x 784 float32 is 3 GB of host memory
-MAX_PARAMETERS = 50_000_000  # 200 MB of fp32 weights, three times that with Adam's moments
+MAX_PARAMETERS = 50_000_000
+MAX_RUNTIME_S = 7 * 24 * 3600  # the broker's visibility timeout (app/config.py) must exceed it
+MAX_LABELS = 32
+MAX_LABEL_KEY_CHARS = 64
+MAX_LABEL_VALUE_CHARS = 256  # 200 MB of fp32 weights, three times that with Adam's moments
 
 
 class _Strict(BaseModel):
@@ -81,10 +85,11 @@ class TrainingSpec(_Strict):
     epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] = 10
     batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] = 128
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
-    max_runtime_s: Annotated[float, Field(gt=0, le=7 * 24 * 3600, allow_inf_nan=False)] | None = None
+    max_runtime_s: Annotated[float, Field(gt=0, le=MAX_RUNTIME_S, allow_inf_nan=False)] | None = None
     name: Annotated[str, Field(max_length=200)] | None = None
-    labels: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]],
-                      Field(max_length=32)] = Field(default_factory=dict)
+    labels: Annotated[dict[Annotated[str, Field(max_length=MAX_LABEL_KEY_CHARS)],
+                           Annotated[str, Field(max_length=MAX_LABEL_VALUE_CHARS)]],
+                      Field(max_length=MAX_LABELS)] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _model_fits(self) -> "TrainingSpec":

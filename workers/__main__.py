@@ -33,7 +33,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    pin(args.hardware, args.devices)  # before jax or torch is imported anywhere
+    try:
+        pin(args.hardware, args.devices)  # before jax or torch is imported anywhere
+    except OSError as exc:  # e.g. --devices names a core this host (or cgroup) does not have
+        print(f"trainhub worker: cannot pin to {args.hardware} devices {args.devices}: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     caps = detect(args.hardware, args.frameworks)
     for framework, why in caps.refused.items():
@@ -45,9 +49,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.config import get_settings
     from app.db import migrate
+    from app.storage import StoreUnavailable, get_store
     from workers.celery_app import celery
 
     settings = get_settings()
+    try:
+        get_store(settings).check()  # a worker that could train but not store its results serves nothing
+    except StoreUnavailable as exc:
+        print(f"trainhub worker: cannot store artifacts ({settings.artifact_store}): {exc}", file=sys.stderr)
+        return 2
     # trainers/ reads the cache location from the environment (it knows nothing of Settings).
     os.environ.setdefault("TRAINHUB_COMPILE_CACHE_DIR",
                           str((settings.compile_cache_dir or settings.var_dir / "jax-cache").resolve()))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
-from safetensors.numpy import load_file
+from safetensors.numpy import load
 from sqlalchemy import or_, select, update
 
+from app import storage
 from app.db import session_scope
 from app.models import Comparison, Job
 from trainers import parity
@@ -42,9 +42,10 @@ def settle(job_id: str) -> None:
 
 
 def _run(job: Job) -> dict:
-    paths = {a.name: Path(a.path) for a in job.artifacts}
+    # The other job may have run on another host: read its weights from the store, not a path.
+    locations = {a.name: a.path for a in job.artifacts}
     return {
         "first_step_loss": (job.result or {}).get("first_step_loss", float("nan")),
         "train_losses": [m.train_loss for m in job.metrics],
-        "weights": load_file(paths["weights.safetensors"]),
+        "weights": load(storage.read_bytes(locations["weights.safetensors"])),
     }

@@ -24,13 +24,18 @@ def pin(hardware: str, devices: list[int] | None) -> None:
     if hardware == "gpu":
         if devices is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-        # Several workers may share a card: allocate on demand instead of 75% up front.
+        # Several workers may share a card: allocate on demand instead of 75% up front (an
+        # operator may set XLA_PYTHON_CLIENT_MEM_FRACTION instead, e.g. 0.45 for two per card).
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        # Named explicitly, a platform that fails to start is an error, not a warning followed by
+        # the CPU (jax's fallback when it picks the platform itself).
+        os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu")
     elif hardware == "tpu":
         if devices is not None:
             os.environ["TPU_VISIBLE_CHIPS"] = ",".join(map(str, devices))
             os.environ["TPU_PROCESS_BOUNDS"] = "1,1,1"
             os.environ["TPU_CHIPS_PER_PROCESS_BOUNDS"] = f"1,{len(devices)},1"
+        os.environ.setdefault("JAX_PLATFORMS", "tpu,cpu")
     else:
         if devices is not None:
             os.sched_setaffinity(0, devices)
@@ -72,10 +77,18 @@ def detect(hardware: str, frameworks: list[str]) -> Capabilities:
 def _check_jax(hardware: str) -> tuple[list[str], str]:
     import jax
 
-    platform = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}[hardware]
-    devices = jax.devices(platform)  # raises RuntimeError when the backend is missing
+    hints = {"gpu": "jax needs its CUDA plugin (pip install 'jax[cuda12]') and an NVIDIA driver (nvidia-smi)",
+             "tpu": "jax needs libtpu (pip install 'jax[tpu]') on a TPU VM"}
+    try:
+        devices = jax.devices(hardware)  # raises RuntimeError when the backend is missing
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"jax {jax.__version__} has no {hardware} backend ({exc}); {hints.get(hardware, '')}") from exc
     if not devices:
         raise RuntimeError(f"jax sees no {hardware} device")
+    # The trainer runs on the default backend: it must be this hardware, not a CPU fallback.
+    if jax.default_backend() != hardware:
+        raise RuntimeError(f"jax's default backend is {jax.default_backend()}, not {hardware}")
     return [f"{hardware}:{d.id}" for d in devices], jax.__version__
 
 
@@ -86,9 +99,15 @@ def _check_torch(hardware: str) -> tuple[list[str], str]:
         return ["cpu:0"], torch.__version__
     if hardware == "gpu":
         if not torch.cuda.is_available():
-            raise RuntimeError("torch.cuda.is_available() is False (no CUDA device or driver)")
+            build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
+            raise RuntimeError(f"torch {torch.__version__} ({build}): torch.cuda.is_available() is False "
+                               "(no CUDA device visible, or no NVIDIA driver)")
         return [f"gpu:{i}" for i in range(torch.cuda.device_count())], torch.__version__
-    import torch_xla  # noqa: F401  PyTorch on TPU needs torch_xla
+    try:
+        import torch_xla  # noqa: F401  PyTorch on TPU needs torch_xla
+    except ImportError as exc:
+        raise RuntimeError(
+            f"torch {torch.__version__}: PyTorch on TPU needs torch_xla, which is not installed") from exc
     import torch_xla.core.xla_model as xm
 
     return [f"tpu:{i}" for i in range(len(xm.get_xla_supported_devices()))], torch.__version__

@@ -13,7 +13,7 @@ heartbeat thread; every step is a compare-and-set, so workers running it at once
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import timedelta, timezone
 
 import redis
 from sqlalchemy import select, update
@@ -42,7 +42,11 @@ def requeue_lost_jobs() -> None:
     with session_scope() as session:
         alive = set(session.scalars(select(Worker.name).where(Worker.last_seen >= since)))
         running = session.scalars(select(Job).where(Job.status == "running")).all()
-        lost = [job for job in running if (job.worker or {}).get("name") not in alive]
+        # A claim younger than the timeout is not judged: its worker may be one that just woke up
+        # (a stopped process, a paused VM) and has not beaten its heartbeat yet.
+        lost = [job for job in running
+                if (job.worker or {}).get("name") not in alive
+                and (job.started_at is None or _aware(job.started_at) < since)]
         for job in lost:
             # Fenced by the attempt we saw: a worker that claims it meanwhile wins.
             fence = (Job.id == job.id, Job.status == "running", Job.attempts == job.attempts)
@@ -58,6 +62,11 @@ def requeue_lost_jobs() -> None:
                 session.execute(update(Job).where(*fence).values(status="queued", enqueued_at=None))
                 log.warning("job %s: worker %s lost; queued again", job.id, (job.worker or {}).get("name"))
         session.commit()
+
+
+def _aware(moment):
+    # SQLite hands back naive datetimes; all of them are UTC.
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def send_unsent_jobs() -> None:

@@ -19,7 +19,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 import trainers
-from app import jobs
+from app import jobs, storage
 from app.config import get_settings
 from app.db import session_scope
 from app.models import Artifact, EpochMetric, Job, utcnow
@@ -39,11 +39,14 @@ CANCEL_POLL_S = 0.5
 ERROR_TYPES = {"DataNotFound": "data_not_found", "HardwareMismatch": "hardware_mismatch", "NanLoss": "nan_loss"}
 
 
-def run(job_id: str, worker: dict) -> str:
-    """Run the job if this call wins its claim; return the status it ended with, or "skipped".
+def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
+    """Run the job if this call wins its claim; return the status it ended with, "skipped", or
+    "misrouted" when its queue is not among `serves` (the queues this worker checked it can serve).
 
     Whatever happens after the claim, the job ends succeeded, failed or cancelled, or (when the
     worker is shutting down) goes back to queued to resume elsewhere: it is never left running."""
+    if serves is not None and not serves_job(job_id, serves):
+        return "misrouted"
     claimed = claim(job_id, worker)
     if claimed is None:
         log.info("job %s is not queued (duplicate delivery or cancelled); skipping", job_id)
@@ -82,6 +85,22 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
     status = finish(job_id, attempt, "succeeded", timings=timings, result=result.result, worker=worker)
     comparisons.settle(job_id)
     return status
+
+
+def serves_job(job_id: str, serves: list[str]) -> bool:
+    """Whether this worker may run the job. A message that reached a worker which cannot serve
+    the job's `<hardware>.<framework>` (sent to the wrong queue by hand or by an older API) is
+    never claimed: a gpu job must not quietly train on a cpu worker. The job stays queued and its
+    id goes back to its own queue."""
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.queue in serves:
+            return True  # an unknown id: claim() skips it
+        log.warning("job %s needs %s, which this worker (%s) does not serve; sending it back to its queue",
+                    job_id, job.queue, ", ".join(serves))
+        if job.status == "queued":
+            jobs.enqueue(session, job)
+    return False
 
 
 def claim(job_id: str, worker: dict) -> tuple[datetime, int] | None:
@@ -143,16 +162,18 @@ class JobHooks:
 
 
 def store_artifacts(job_id: str, workdir: Path, names: list[str]) -> None:
-    """Record each file the trainer wrote, with its size and sha256; never twice."""
+    """Put each file the trainer wrote into the artifact store (app/storage.py: the artifact dir
+    or an S3 bucket) and record where, with its size and sha256; never twice."""
+    store = storage.get_store()
     with session_scope() as session:
         known = set(session.scalars(select(Artifact.name).where(Artifact.job_id == job_id)))
         for name in names:
             if name in known:
                 continue
             path = workdir / name
-            session.add(
-                Artifact(job_id=job_id, name=name, size_bytes=path.stat().st_size, sha256=sha256_file(path), path=str(path))
-            )
+            location = store.put(job_id, name, path)  # stored before recorded: a row always has its file
+            session.add(Artifact(job_id=job_id, name=name, size_bytes=path.stat().st_size,
+                                 sha256=sha256_file(path), path=location))
         session.commit()
 
 

@@ -16,7 +16,7 @@ def run_job(job_id: str) -> str:
     worker = current_worker()
     worker.current_job_id = job_id
     try:
-        return runner.run(job_id, worker.job_info())
+        return runner.run(job_id, worker.job_info(), serves=worker.caps.queues)
     finally:
         worker.current_job_id = None
 

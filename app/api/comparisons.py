@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from app import comparisons as service
-from app import jobs
+from app import jobs, limits
 from app.deps import CurrentUser, SessionDep
+from app.errors import responses
 from app.models import Comparison as ComparisonRow
 from app.schemas import Comparison, ComparisonSpec
 
-router = APIRouter(prefix="/comparisons", tags=["comparisons"])
+router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=responses(401, 404, 413, 503))
 
 
 def owned_comparison(session: SessionDep, user: CurrentUser, comparison_id: str) -> ComparisonRow:
@@ -39,11 +40,14 @@ def render(session: SessionDep, comparison: ComparisonRow, request: Request) -> 
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison, responses=responses(429))
 def create_comparison(spec: ComparisonSpec, request: Request, response: Response, session: SessionDep,
                       user: CurrentUser) -> Comparison:
     """Train the spec (no `framework`) once with JAX and once with PyTorch, on the same hardware,
-    from the same initial weights and with the same batch order."""
+    from the same initial weights and with the same batch order. The two jobs count as two
+    against the key's limits (429 when over one); the spec meets this server's limits as in
+    `POST /jobs`."""
+    spec = limits.apply_limits(spec)
     comparison = service.create_comparison(session, user, spec)
     response.headers["Location"] = f"/comparisons/{comparison.id}"
     return render(session, comparison, request)

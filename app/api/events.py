@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, status
@@ -12,9 +14,14 @@ from app import events
 from app import jobs as service
 from app.db import session_scope
 from app.deps import BriefUser
+from app.errors import responses
 from app.models import ApiKey
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+# How often an open stream checks that its key is still live (seconds): a revoked key's streams
+# end at their next event or keepalive after this, while new requests with it are 401 at once.
+KEY_CHECK_S = 5.0
 
 
 def _owns(user: ApiKey, job_id: str) -> bool:
@@ -22,11 +29,31 @@ def _owns(user: ApiKey, job_id: str) -> bool:
         return service.get_job(session, user, job_id) is not None
 
 
+def _key_is_live(key_id: str) -> bool:
+    with session_scope() as session:
+        key = session.get(ApiKey, key_id)
+        return key is not None and key.revoked_at is None
+
+
+async def _while_key_is_live(stream: AsyncIterator[str], key_id: str) -> AsyncIterator[str]:
+    checked = time.monotonic()
+    try:
+        async for chunk in stream:
+            if time.monotonic() - checked >= KEY_CHECK_S:
+                checked = time.monotonic()
+                if not await run_in_threadpool(_key_is_live, key_id):
+                    return
+            yield chunk
+    finally:
+        await stream.aclose()
+
+
 @router.get(
     "/{job_id}/events",
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}},
-                     "description": "`status`, `metrics` and `waiting` events until the job ends."}},
+                     "description": "`status`, `metrics` and `waiting` events until the job ends."},
+               **responses(401, 404, 503)},
 )
 async def job_events(
     job_id: str,
@@ -46,7 +73,7 @@ async def job_events(
     if not await run_in_threadpool(_owns, user, job_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
     return StreamingResponse(
-        events.stream(job_id, events.parse_last_event_id(last_event_id)),
+        _while_key_is_live(events.stream(job_id, events.parse_last_event_id(last_event_id)), user.id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import text
 
 from app.db import get_engine
@@ -12,13 +15,21 @@ from app.queue import get_celery
 router = APIRouter(tags=["health"])
 
 
+class Readiness(BaseModel):
+    """`checks`: "ok" or "unreachable: <error type>" for the database and the broker."""
+
+    status: Literal["ready", "unavailable"]
+    checks: dict[str, str]
+
+
 @router.get("/healthz")
 def healthz() -> dict:
     """The process answers."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", response_model=Readiness,
+            responses={503: {"model": Readiness, "description": "The database or the broker is unreachable."}})
 def readyz() -> JSONResponse:
     """200 when the database and the broker are reachable, 503 naming what is not."""
     checks = {"database": _check_database(), "broker": _check_broker()}

@@ -7,11 +7,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 
 from app import jobs as service
+from app import limits
 from app.deps import CurrentUser, SessionDep
+from app.errors import responses
 from app.models import Job as JobRow
 from app.schemas import EpochMetrics, Job, JobPage, JobSpec, JobStatus
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=responses(401, 404, 413, 503))
 
 
 def owned_job(session: SessionDep, user: CurrentUser, job_id: str) -> JobRow:
@@ -21,19 +23,25 @@ def owned_job(session: SessionDep, user: CurrentUser, job_id: str) -> JobRow:
     return job
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job, responses=responses(409, 429))
 def create_job(
     spec: JobSpec,
     request: Request,
     response: Response,
     session: SessionDep,
     user: CurrentUser,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Job:
     """Validate and store a job, then queue it on `<hardware>.<framework>`.
 
     Send an `Idempotency-Key` header to make retries safe: the same key and body return the
-    same job; the same key with another body is 409."""
+    same job; the same key with another body is 409.
+
+    This server's limits (epochs, batch size, parameters, max_runtime_s, labels) may be lower
+    than the schema's: a spec above one is 422 naming it. A spec without max_runtime_s gets the
+    server's limit. A key with too many jobs queued, or created in the last minute, gets 429
+    (with Retry-After for the latter)."""
+    spec = limits.apply_limits(spec)
     try:
         job = service.create_job(session, user, spec, idempotency_key)
     except service.IdempotencyConflict:
@@ -76,7 +84,7 @@ def read_job(job_id: str, request: Request, session: SessionDep, user: CurrentUs
     return service.to_schema(session, owned_job(session, user, job_id), str(request.base_url))
 
 
-@router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job)
+@router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses=responses(409))
 def cancel_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Job:
     """Cancel a job: a queued one never runs; a running one stops at its next chunk of steps
     and ends `cancelled` with the metrics of the epochs it finished. 409 if it already ended."""

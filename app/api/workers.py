@@ -7,17 +7,19 @@ from sqlalchemy import select
 
 from app import heartbeats
 from app.deps import CurrentUser, SessionDep
+from app.errors import responses
 from app.models import Job
 from app.schemas import QueueDepth, Worker, WorkerList
 
-router = APIRouter(prefix="/workers", tags=["workers"])
+router = APIRouter(prefix="/workers", tags=["workers"], responses=responses(401, 503))
 
 
 @router.get("", response_model=WorkerList)
 def list_workers(session: SessionDep, user: CurrentUser) -> WorkerList:
     """Workers seen in the last 24 hours, online first, each with its queues, devices, versions
     and current job; and for every queue `<hardware>.<framework>` the queued jobs (everyone's)
-    and the online workers serving it. Another user's job is never named: its worker is only `busy`."""
+    and the online workers serving it. Another user's job is never named: its worker is only `busy`
+    (an admin key sees every worker's current job)."""
     since = heartbeats.online_since()
     workers = heartbeats.recent_workers(session)
     # A heartbeat is up to heartbeat_s old: a job it names counts only while its row says running.
@@ -31,7 +33,8 @@ def list_workers(session: SessionDep, user: CurrentUser) -> WorkerList:
         Worker(
             name=w.name, hostname=w.hostname, hardware=w.hardware, online=w in online,
             queues=w.queues, devices=w.devices, versions=w.versions, busy=w in online and w.current_job_id in running,
-            current_job_id=w.current_job_id if running.get(w.current_job_id) == user.id else None,
+            current_job_id=w.current_job_id if w.current_job_id in running and (
+                user.is_admin or running[w.current_job_id] == user.id) else None,
             started_at=w.started_at, last_seen=w.last_seen,
         )
         for w in workers

@@ -75,3 +75,138 @@ def test_batch_size_message_says_the_fix(api, auth):
                         headers=auth)
     message = response.json()["detail"][0]["msg"]
     assert "1437" in message and "batch_size" in message
+
+
+# --- hostile requests: every one 4xx with a message that says what is wrong, none stored ---------
+
+J = "application/json"
+DEEP = "[" * 100 + "]" * 100
+
+
+def body(**fields) -> str:
+    """A JobSpec body (framework jax unless given) as JSON text."""
+    import json
+
+    return json.dumps({"framework": "jax", **fields})
+
+
+# (id, content, content type, status, words the message must contain). `content` is sent as is.
+BAD_REQUESTS = [
+    # wrong types
+    ("epochs-string", body(epochs="ten"), J, 422, "epochs"),
+    ("batch-size-list", body(batch_size=[128]), J, 422, "batch_size"),
+    ("hidden-sizes-object", body(model={"hidden_sizes": {"a": 1}}), J, 422, "model.hidden_sizes"),
+    ("labels-list", body(labels=["a"]), J, 422, "labels"),
+    ("label-value-number", body(labels={"a": 1}), J, 422, "labels.a"),
+    ("framework-number", '{"framework": 1}', J, 422, "framework"),
+    ("optimizer-string", body(optimizer="adam"), J, 422, "optimizer"),
+    ("dataset-null", body(dataset=None), J, 422, "dataset"),
+    ("compile-string", body(compile="yes"), J, 422, "compile"),
+    ("seed-float", body(seed=1.5), J, 422, "seed"),
+    # huge numbers
+    ("epochs-huge", body(epochs=10**30), J, 422, "epochs"),
+    ("seed-2-to-64", body(seed=2**64), J, 422, "seed"),
+    ("learning-rate-overflows", '{"framework": "jax", "optimizer": {"learning_rate": 1e999}}', J, 422,
+     "optimizer.learning_rate"),
+    ("max-runtime-huge", body(max_runtime_s=1e12), J, 422, "max_runtime_s"),
+    ("hidden-units-huge", body(model={"hidden_sizes": [10**6]}), J, 422, "model.hidden_sizes"),
+    ("train-limit-huge", body(dataset={"name": "synthetic", "train_limit": 10**12}), J, 422, "dataset.train_limit"),
+    ("number-of-5000-digits", '{"framework": "jax", "epochs": ' + "9" * 5000 + "}", J, 422, "digits"),
+    # negative values
+    ("epochs-negative", body(epochs=-1), J, 422, "epochs"),
+    ("batch-size-negative", body(batch_size=-128), J, 422, "batch_size"),
+    ("seed-negative", body(seed=-5), J, 422, "seed"),
+    ("learning-rate-negative", body(optimizer={"learning_rate": -1e-3}), J, 422, "optimizer.learning_rate"),
+    ("dropout-negative", body(model={"dropout": -0.1}), J, 422, "model.dropout"),
+    ("max-runtime-negative", body(max_runtime_s=-10), J, 422, "max_runtime_s"),
+    ("train-limit-negative", body(dataset={"name": "digits", "train_limit": -1}), J, 422, "dataset.train_limit"),
+    # NaN and Infinity (not JSON, but Python's parser takes them)
+    ("learning-rate-nan", '{"framework": "jax", "optimizer": {"learning_rate": NaN}}', J, 422, "optimizer.learning_rate"),
+    ("dropout-nan", '{"framework": "jax", "model": {"dropout": NaN}}', J, 422, "model.dropout"),
+    ("max-runtime-infinity", '{"framework": "jax", "max_runtime_s": Infinity}', J, 422, "max_runtime_s"),
+    ("learning-rate-minus-infinity", '{"framework": "jax", "optimizer": {"learning_rate": -Infinity}}', J, 422,
+     "optimizer.learning_rate"),
+    ("epochs-nan", '{"framework": "jax", "epochs": NaN}', J, 422, "epochs"),
+    # unknown enum values
+    ("framework-tensorflow", body(framework="tensorflow"), J, 422, "framework"),
+    ("framework-upper-case", body(framework="JAX"), J, 422, "framework"),
+    ("hardware-quantum", body(hardware="quantum"), J, 422, "hardware"),
+    ("dataset-imagenet", body(dataset={"name": "imagenet"}), J, 422, "dataset.name"),
+    ("optimizer-sgd", body(optimizer={"name": "sgd"}), J, 422, "optimizer.name"),
+    ("model-resnet", body(model={"name": "resnet"}), J, 422, "model.name"),
+    ("unknown-field", body(learning_rate=0.1), J, 422, "learning_rate"),
+    # deep or oversized bodies
+    ("deep-labels", '{"framework": "jax", "labels": ' + DEEP + "}", J, 422, "TRAINHUB_MAX_JSON_DEPTH"),
+    ("deep-array-body", DEEP, J, 422, "TRAINHUB_MAX_JSON_DEPTH"),
+    ("deep-object-body", '{"a": ' * 1000 + "1" + "}" * 1000, J, 422, "TRAINHUB_MAX_JSON_DEPTH"),
+    ("body-of-300-kb", body(name="x" * 300_000), J, 413, "TRAINHUB_MAX_BODY_BYTES"),
+    ("33-labels", body(labels={f"k{i}": "v" for i in range(33)}), J, 422, "labels"),
+    ("name-of-201-chars", body(name="n" * 201), J, 422, "name"),
+    ("label-key-of-65-chars", body(labels={"k" * 65: "v"}), J, 422, "labels"),
+    ("label-value-of-257-chars", body(labels={"k": "v" * 257}), J, 422, "labels.k"),
+    # unicode refused cleanly where it would corrupt terminals, logs or pages
+    ("name-with-nul", body(name="a\u0000b"), J, 422, "name"),
+    ("name-with-rtl-override", body(name="evil\u202etxt.exe"), J, 422, "name"),
+    ("name-with-ansi-escape", body(name="\u001b[31mred"), J, 422, "name"),
+    ("name-with-newline", body(name="two\nlines"), J, 422, "name"),
+    ("label-key-with-newline", body(labels={"a\nb": "c"}), J, 422, "labels"),
+    ("label-key-blank", body(labels={" ": "c"}), J, 422, "labels"),
+    ("name-lone-surrogate", '{"framework": "jax", "name": "\\ud800"}', J, 422, "name"),
+    # empty bodies, wrong content types, not-a-spec JSON
+    ("empty-body", "", J, 422, "no body: send a JSON object"),
+    ("empty-body-no-content-type", "", None, 422, "no body: send a JSON object"),
+    ("json-as-text-plain", body(), "text/plain", 422, "Content-Type: application/json (got 'text/plain')"),
+    ("form-urlencoded", "framework=jax", "application/x-www-form-urlencoded", 422, "Content-Type: application/json"),
+    ("xml", "<job><framework>jax</framework></job>", "application/xml", 422, "Content-Type: application/json"),
+    ("multipart", "--x\r\nContent-Disposition: form-data; name=framework\r\n\r\njax\r\n--x--\r\n",
+     "multipart/form-data; boundary=x", 422, "Content-Type: application/json"),
+    ("json-null", "null", J, 422, "the body must be a JSON object"),
+    ("json-array", "[]", J, 422, "the body must be a JSON object"),
+    ("json-string", '"jax"', J, 422, "the body must be a JSON object"),
+    ("truncated-json", '{"framework": "jax"', J, 422, "JSON"),
+    ("not-utf-8", b'{"framework": "\xff\xfe"}', J, 422, "UTF-8"),
+]
+
+
+def described(detail) -> str:
+    """The error as a person reads it: each item's field and message."""
+    if isinstance(detail, str):
+        return detail
+    return "\n".join(".".join(str(p) for p in item.get("loc", [])[1:]) + ": " + item["msg"] for item in detail)
+
+
+@pytest.mark.parametrize("content,content_type,status,words", [r[1:] for r in BAD_REQUESTS],
+                         ids=[r[0] for r in BAD_REQUESTS])
+def test_hostile_requests_are_4xx_with_a_useful_message_and_store_nothing(api, auth, content, content_type,
+                                                                          status, words):
+    from sqlalchemy import func, select
+
+    from app.db import session_scope
+    from app.models import Job
+
+    def jobs() -> int:
+        with session_scope() as session:
+            return session.scalar(select(func.count()).select_from(Job))
+
+    before = jobs()
+    headers = {**auth, **({"Content-Type": content_type} if content_type else {})}
+    response = api.post("/jobs", content=content, headers=headers)
+    assert response.status_code == status, response.text[:500]
+    message = described(response.json()["detail"])
+    assert words in message, message[:500]
+    assert len(response.content) < 20_000  # a bad input is not echoed back whole
+    assert jobs() == before
+
+
+def test_the_table_covers_the_issue(api):
+    assert len(BAD_REQUESTS) >= 40
+    assert len({r[0] for r in BAD_REQUESTS}) == len(BAD_REQUESTS)
+
+
+@pytest.mark.parametrize("name", ["模型 🚀 très bien", "Ελληνικά", "مرحبا", "emoji 👩‍🔬", "tab-free ünïcödé"])
+def test_unicode_names_and_labels_are_accepted_and_come_back_unchanged(api, auth, name):
+    response = api.post("/jobs", json={"framework": "jax", "dataset": {"name": "digits"}, "name": name,
+                                       "labels": {name[:10]: name}}, headers=auth)
+    assert response.status_code == 201, response.text
+    job = api.get(f"/jobs/{response.json()['id']}", headers=auth).json()
+    assert job["spec"]["name"] == name and job["spec"]["labels"] == {name[:10]: name}

@@ -1,0 +1,160 @@
+"""The operator's limits on what a key may ask for (Settings, TRAINHUB_MAX_*), enforced by the API.
+
+Two kinds, with their own status codes:
+
+- A spec above a limit (epochs, batch size, parameters, max_runtime_s, labels) is 422, in
+  FastAPI's `detail` list shape, one item per limit exceeded, its `loc` the field and its `msg`
+  naming the limit and the variable that sets it. The JobSpec's hard caps (trainers/spec.py)
+  stay the absolute bounds: Settings may only lower them.
+- A key over its quota (jobs queued, jobs created in the last minute) is 429; the per-minute
+  one says when to retry (Retry-After, seconds).
+
+Quotas are counted in the database, from the jobs table itself: it is the one store every API
+process shares in every deployment (the embedded stack has no Redis), the jobs rows already
+are the log of submissions (created_at, status), and the count and the insert of the new rows
+happen in one transaction that first locks the key's row (`SELECT ... FOR UPDATE` on
+PostgreSQL), so concurrent requests of one key, on any number of API processes, are counted one
+after another and never both slip under the limit. Other keys are not blocked. SQLite (one
+embedded API process) serialises writers itself.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import dataclass
+from datetime import timedelta, timezone
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.config import Settings, get_settings
+from app.models import ApiKey, Job, utcnow
+from trainers.spec import TrainingSpec, parameter_count
+
+RATE_WINDOW_S = 60.0
+
+
+@dataclass
+class SpecOverLimit(Exception):
+    """The spec asks for more than this server allows: FastAPI-style 422 `detail` items."""
+
+    errors: list[dict]
+
+
+@dataclass
+class QuotaExceeded(Exception):
+    """The key may not create more jobs now; `retry_after_s` when waiting helps."""
+
+    message: str
+    retry_after_s: int | None = None
+
+
+def _loc(field: str | list[str]) -> list[str]:
+    return ["body", *(field.split(".") if isinstance(field, str) else field)]
+
+
+def _limit(field: str | list[str], message: str, setting: str, value) -> dict:
+    return {"type": "limit_exceeded", "loc": _loc(field),
+            "msg": f"{message} (limit {setting} = {value:,}, set by TRAINHUB_{setting.upper()})",
+            "ctx": {"limit": setting, "value": value}}
+
+
+def _plain(field: str | list[str], message: str) -> dict:
+    return {"type": "value_error", "loc": _loc(field), "msg": message}
+
+
+# Bidirectional embeddings, overrides and isolates: they make "evil\u202etxt.exe" read as
+# "evilexe.txt". (Other format characters, such as the zero-width joiner in emoji, are fine.)
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _has_control(text: str) -> bool:
+    # Names and labels end up in terminals, logs and pages: no control characters (ANSI escapes,
+    # NUL, newlines), lone surrogates or bidi controls; any other Unicode is welcome.
+    return any(unicodedata.category(ch) in ("Cc", "Cs") or ch in BIDI_CONTROLS for ch in text)
+
+
+def check_spec(spec: TrainingSpec, settings: Settings | None = None) -> None:
+    """Raise SpecOverLimit listing every limit of `settings` the spec exceeds."""
+    s = settings or get_settings()
+    errors = []
+    if spec.epochs > s.max_epochs:
+        errors.append(_limit("epochs", f"epochs {spec.epochs} is more than this server allows",
+                             "max_epochs", s.max_epochs))
+    if spec.batch_size > s.max_batch_size:
+        errors.append(_limit("batch_size", f"batch_size {spec.batch_size} is more than this server allows",
+                             "max_batch_size", s.max_batch_size))
+    if (count := parameter_count(spec)) > s.max_parameters:
+        errors.append(_limit("model.hidden_sizes", f"model.hidden_sizes gives {count:,} parameters, more than "
+                             "this server allows; use fewer or smaller hidden layers",
+                             "max_parameters", s.max_parameters))
+    if spec.max_runtime_s is not None and spec.max_runtime_s > s.max_runtime_s:
+        errors.append(_limit("max_runtime_s", f"max_runtime_s {spec.max_runtime_s:g} s is more than this "
+                             "server allows", "max_runtime_s", s.max_runtime_s))
+    if len(spec.labels) > s.max_labels:
+        errors.append(_limit("labels", f"{len(spec.labels)} labels are more than this server allows",
+                             "max_labels", s.max_labels))
+    for key, value in spec.labels.items():
+        if len(key) > s.max_label_key_chars:
+            errors.append(_limit(["labels", key[:64]], f"label key of {len(key)} characters is longer than this "
+                                 "server allows", "max_label_key_chars", s.max_label_key_chars))
+        if len(value) > s.max_label_value_chars:
+            errors.append(_limit(["labels", key[:64]], f"label value of {len(value)} characters is longer than "
+                                 "this server allows", "max_label_value_chars", s.max_label_value_chars))
+        if not key.strip() or _has_control(key) or _has_control(value):
+            errors.append(_plain(["labels", key[:64]], "label keys must be non-blank, and keys and values may not "
+                                 "contain control characters"))
+    if spec.name is not None and _has_control(spec.name):
+        errors.append(_plain("name", "name may not contain control characters (newlines, NUL, escapes)"))
+    if errors:
+        raise SpecOverLimit(errors)
+
+
+def apply_limits(spec: TrainingSpec, settings: Settings | None = None) -> TrainingSpec:
+    """The spec, checked (SpecOverLimit) and with max_runtime_s set to the server's limit when it
+    names none: every job has a deadline, and its spec says which."""
+    s = settings or get_settings()
+    check_spec(spec, s)
+    if spec.max_runtime_s is None:
+        spec = spec.model_copy(update={"max_runtime_s": float(s.max_runtime_s)})
+    return spec
+
+
+def check_quota(session: Session, owner: ApiKey, new_jobs: int = 1, settings: Settings | None = None) -> None:
+    """Lock the key's row for the rest of the transaction, then raise QuotaExceeded when `new_jobs`
+    more jobs would pass the key's queued or per-minute limit. Call it in the transaction that
+    adds the jobs, right before adding them."""
+    s = settings or get_settings()
+    session.execute(select(ApiKey.id).where(ApiKey.id == owner.id).with_for_update())
+    queued = session.scalar(select(func.count()).select_from(Job).where(Job.owner_id == owner.id,
+                                                                          Job.status == "queued"))
+    if queued + new_jobs > s.max_queued_jobs_per_key:
+        raise QuotaExceeded(
+            f"this key has {queued} job(s) queued; the limit is {s.max_queued_jobs_per_key} "
+            f"(max_queued_jobs_per_key, set by TRAINHUB_MAX_QUEUED_JOBS_PER_KEY): wait for some to start "
+            "or cancel some"
+        )
+    now = utcnow()
+    recent = list(session.scalars(
+        select(Job.created_at).where(Job.owner_id == owner.id, Job.created_at > now - timedelta(seconds=RATE_WINDOW_S))
+        .order_by(Job.created_at)
+    ))
+    if new_jobs > s.max_submissions_per_minute:
+        raise QuotaExceeded(
+            f"this request creates {new_jobs} jobs, more than the limit of {s.max_submissions_per_minute} per minute "
+            "(max_submissions_per_minute, set by TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE)"
+        )
+    excess = len(recent) + new_jobs - s.max_submissions_per_minute
+    if excess > 0:
+        # The window frees up once the `excess` oldest submissions in it are a minute old.
+        oldest = recent[excess - 1]
+        if oldest.tzinfo is None:  # SQLite keeps no time zone; every stored time is UTC
+            oldest = oldest.replace(tzinfo=timezone.utc)
+        retry_after = max(1, math.ceil((oldest + timedelta(seconds=RATE_WINDOW_S) - now).total_seconds()))
+        raise QuotaExceeded(
+            f"this key created {len(recent)} job(s) in the last minute; the limit is "
+            f"{s.max_submissions_per_minute} per minute (max_submissions_per_minute, set by "
+            f"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE): retry in {retry_after} s",
+            retry_after,
+        )

@@ -1,0 +1,228 @@
+"""Where artifacts live: a local directory (the default) or an S3-compatible object store.
+
+A worker trains into a scratch folder, then `put`s each file the trainer wrote into the store and
+records the location `put` returns in `artifacts.path`: a filesystem path for the local store,
+`s3://<bucket>/<key>` for S3. Readers (the API's download route, the comparison check) go by
+that recorded location, not by the current setting, so files stored before a change of store
+still download.
+
+The local store needs the API and every worker to share `artifact_dir` (one host, or a network
+filesystem); with S3 (MinIO, Ceph, AWS...) workers on other hosts need only the bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+from app.config import Settings, get_settings
+
+S3_SCHEME = "s3://"
+CHUNK_BYTES = 1 << 20
+
+
+class ArtifactMissing(Exception):
+    """The recorded location holds no file (deleted, or outside the artifact dir)."""
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be written: a missing bucket, wrong credentials, an unwritable folder."""
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Bytes `start`..`end` of a file of `size` bytes, both ends included (HTTP's convention)."""
+
+    start: int
+    end: int
+    size: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start + 1
+
+
+class ArtifactStore(Protocol):
+    kind: str
+
+    def put(self, job_id: str, name: str, source: Path) -> str:
+        """Store the file `source` as artifact `name` of `job_id`; return its location."""
+
+    def check(self) -> None:
+        """Raise StoreUnavailable when the store cannot be written."""
+
+
+class LocalStore:
+    """Files under `root/<job id>/<name>`; the trainer already writes them there, so `put` copies
+    only a file that lies elsewhere."""
+
+    kind = "local"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def put(self, job_id: str, name: str, source: Path) -> str:
+        target = self.root / job_id / name
+        if source.resolve() != target:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{name}.partial")
+            shutil.copyfile(source, partial)
+            os.replace(partial, target)  # readers never see half a file
+        return str(target)
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create the artifact dir {self.root}: {exc}") from exc
+        if not os.access(self.root, os.W_OK):
+            raise StoreUnavailable(f"the artifact dir {self.root} is not writable")
+
+    def path(self, location: str) -> Path:
+        """The file at `location`; ArtifactMissing unless it is a file under the root."""
+        path = Path(location).resolve()
+        if not path.is_relative_to(self.root) or not path.is_file():
+            raise ArtifactMissing(location)
+        return path
+
+    def read_bytes(self, location: str) -> bytes:
+        return self.path(location).read_bytes()
+
+
+class S3Store:
+    """Objects `s3://<bucket>/<prefix><job id>/<name>` in an S3-compatible store."""
+
+    kind = "s3"
+
+    def __init__(self, bucket: str, prefix: str, client) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        self.client = client
+
+    def put(self, job_id: str, name: str, source: Path) -> str:
+        key = f"{self.prefix}{job_id}/{name}"
+        self.client.upload_file(str(source), self.bucket, key)  # multipart for large weights
+        return f"{S3_SCHEME}{self.bucket}/{key}"
+
+    def check(self) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except (BotoCoreError, ClientError) as exc:
+            raise StoreUnavailable(f"cannot reach bucket {self.bucket!r}: {exc}") from exc
+
+    def size(self, location: str) -> int:
+        """The object's size in bytes. Raises ArtifactMissing when there is none, StoreUnavailable
+        when the store does not answer."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = split_s3(location)
+        try:
+            return self.client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
+                raise ArtifactMissing(location) from exc
+            raise StoreUnavailable(f"{location}: {exc}") from exc
+        except BotoCoreError as exc:  # the store is unreachable
+            raise StoreUnavailable(f"{location}: {exc}") from exc
+
+    def read_bytes(self, location: str) -> bytes:
+        return b"".join(self.stream(location))
+
+    def stream(self, location: str, byte_range: ByteRange | None = None) -> Iterator[bytes]:
+        """The object's bytes (or `byte_range` of them) in chunks of CHUNK_BYTES."""
+        bucket, key = split_s3(location)
+        extra = {"Range": f"bytes={byte_range.start}-{byte_range.end}"} if byte_range else {}
+        try:
+            body = self.client.get_object(Bucket=bucket, Key=key, **extra)["Body"]
+        except self.client.exceptions.NoSuchKey as exc:
+            raise ArtifactMissing(location) from exc
+        try:
+            yield from body.iter_chunks(CHUNK_BYTES)
+        finally:
+            body.close()
+
+
+def split_s3(location: str) -> tuple[str, str]:
+    """`s3://bucket/key` -> (bucket, key)."""
+    bucket, _, key = location.removeprefix(S3_SCHEME).partition("/")
+    return bucket, key
+
+
+def is_s3(location: str) -> bool:
+    return location.startswith(S3_SCHEME)
+
+
+@lru_cache
+def _s3_client(endpoint_url: str | None, region: str | None, access_key_id: str | None, secret: str | None):
+    import boto3
+    from botocore.config import Config
+
+    # Path-style addressing: MinIO and servers on an IP address have no per-bucket host names.
+    config = Config(s3={"addressing_style": "path"} if endpoint_url else {},
+                    retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60)
+    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, aws_access_key_id=access_key_id,
+                        aws_secret_access_key=secret, config=config)
+
+
+def s3_client(settings: Settings):
+    """A boto3 S3 client for the settings (one per distinct configuration; they are thread-safe).
+    Empty values (as compose passes unset variables) count as unset."""
+    secret = settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
+    return _s3_client(settings.s3_endpoint_url or None, settings.s3_region or None,
+                      settings.s3_access_key_id or None, secret or None)
+
+
+def get_store(settings: Settings | None = None) -> LocalStore | S3Store:
+    """The store new artifacts go to, as Settings.artifact_store says."""
+    settings = settings or get_settings()
+    if settings.artifact_store == "s3":
+        return S3Store(settings.s3_bucket, settings.s3_prefix, s3_client(settings))
+    return LocalStore(settings.resolved_artifact_dir())
+
+
+def store_for(location: str, settings: Settings | None = None) -> LocalStore | S3Store:
+    """The store that holds the artifact recorded at `location` (the bucket in the location wins)."""
+    settings = settings or get_settings()
+    if is_s3(location):
+        return S3Store(split_s3(location)[0], settings.s3_prefix, s3_client(settings))
+    return LocalStore(settings.resolved_artifact_dir())
+
+
+def read_bytes(location: str) -> bytes:
+    """The whole artifact at `location`. Raises ArtifactMissing."""
+    return store_for(location).read_bytes(location)
+
+
+def parse_range(header: str | None, size: int) -> ByteRange | None:
+    """The one range of a `Range: bytes=...` header, clipped to `size`; None to send it whole
+    (no header, another unit, or several ranges, which a server may answer with the whole file).
+
+    Raises ValueError when the range is not satisfiable (HTTP 416)."""
+    if not header or not header.strip().startswith("bytes="):
+        return None
+    spec = header.strip()[len("bytes="):].strip()
+    if "," in spec:
+        return None
+    first, dash, last = spec.partition("-")
+    if not dash:
+        return None
+    try:
+        if first.strip() == "":  # the last N bytes
+            suffix = int(last)
+            if suffix <= 0 or size == 0:
+                raise ValueError(header)
+            return ByteRange(max(0, size - suffix), size - 1, size)
+        start = int(first)
+        end = int(last) if last.strip() else size - 1
+    except ValueError:
+        raise ValueError(f"unsatisfiable range {header!r}") from None
+    if start < 0 or start >= size or end < start:
+        raise ValueError(f"unsatisfiable range {header!r} for {size} bytes")
+    return ByteRange(start, min(end, size - 1), size)

@@ -1,0 +1,26 @@
+# The API: FastAPI under uvicorn. No jax, no torch (app/ never imports them), so it stays small
+# and starts fast. Build from the repository root:
+#   docker build -f docker/api.Dockerfile -t trainhub-api .
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /srv/trainhub
+
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY trainers ./trainers
+COPY workers ./workers
+# The base dependencies only: the `train` extra (jax, torch) is for worker images.
+RUN pip install . \
+ && useradd --system --uid 10001 --home-dir /srv/trainhub trainhub \
+ && mkdir -p /srv/trainhub/var /srv/trainhub/artifacts \
+ && chown -R trainhub /srv/trainhub
+
+USER trainhub
+ENV TRAINHUB_VAR_DIR=/srv/trainhub/var \
+    TRAINHUB_ARTIFACT_DIR=/srv/trainhub/artifacts
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=4).status != 200)"]
+# Applies the database migrations on start (compose also runs them once, before anything else).
+CMD ["trainhub", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,54 @@
+"""A queued job's place in its queue `<hardware>.<framework>`, counted from the jobs table."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+TPU_TORCH = {"framework": "pytorch", "hardware": "tpu", "dataset": {"name": "digits"}}
+
+
+@pytest.fixture
+def serve(services_env):
+    """`serve(queue)`: a fresh heartbeat of a worker serving `queue`, removed after the test (the
+    database is shared: other tests must not see it online)."""
+    from sqlalchemy import delete
+
+    from app.db import session_scope
+    from app.models import Worker, utcnow
+
+    names = []
+
+    def add(queue: str) -> None:
+        names.append(f"pos-{queue}:1")
+        with session_scope() as session:
+            session.add(Worker(name=names[-1], hostname="pos", hardware=queue.split(".")[0], queues=[queue],
+                               devices=[], versions={}, started_at=utcnow() - timedelta(minutes=1), last_seen=utcnow()))
+            session.commit()
+
+    yield add
+    with session_scope() as session:
+        session.execute(delete(Worker).where(Worker.name.in_(names)))
+        session.commit()
+
+
+def test_position_counts_the_queued_jobs_ahead_in_the_same_queue(api, auth, rows, serve):
+    jobs = [api.post("/jobs", json={**TPU_TORCH, "seed": seed}, headers=auth).json() for seed in range(3)]
+    api.post("/jobs", json={**TPU_TORCH, "framework": "jax"}, headers=auth)  # another queue: not counted
+    first = jobs[0]["queue_position"]
+    assert first >= 1  # other tests' jobs may wait on tpu.pytorch too
+    assert [j["queue_position"] for j in jobs] == [first, first + 1, first + 2]
+    assert jobs[0]["waiting_reason"] == "no online worker serves tpu.pytorch"
+
+    api.post(f"/jobs/{jobs[0]['id']}/cancel", headers=auth)
+    rows.start(jobs[1]["id"])
+    cancelled, running, last = (api.get(f"/jobs/{j['id']}", headers=auth).json() for j in jobs)
+    assert cancelled["queue_position"] is None and running["queue_position"] is None
+    assert last["queue_position"] == first
+
+    serve("tpu.pytorch")
+    last = api.get(f"/jobs/{jobs[2]['id']}", headers=auth).json()
+    assert last["waiting_reason"] == f"waiting for a free worker on tpu.pytorch ({first - 1} job(s) ahead)"
+    listed = {j["id"]: j for j in api.get("/jobs", headers=auth).json()["items"]}
+    assert listed[jobs[2]["id"]]["queue_position"] == first

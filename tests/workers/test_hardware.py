@@ -1,0 +1,141 @@
+"""Pinning and hardware checks of `trainhub worker`, each in a fresh process: the variables are
+set before jax or torch is first imported, and a worker that cannot use its hardware serves
+nothing and exits 2 saying what is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from workers.hardware import pin
+
+# Run in the child: record the environment and CPU affinity at the moment jax and torch are
+# first imported, stub out Celery's worker loop, and run the real `python -m workers` main().
+SPY = r"""
+import importlib.abc, json, os, sys
+
+VARS = ["CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "TPU_VISIBLE_CHIPS",
+        "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"]
+seen = {}
+
+class Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in ("jax", "torch") and name not in seen:
+            seen[name] = {"env": {v: os.environ.get(v) for v in VARS}, "affinity": sorted(os.sched_getaffinity(0))}
+        return None
+
+sys.meta_path.insert(0, Spy())
+from workers.celery_app import celery
+assert not {"jax", "torch"} & set(sys.modules), "importing the Celery app imported a framework"
+worker_argv = []
+celery.worker_main = worker_argv.extend  # the worker loop itself is not under test here
+from workers.__main__ import main
+
+rc = main(sys.argv[1:])
+print("RESULT " + json.dumps({"rc": rc, "seen": seen, "worker_argv": worker_argv,
+                              "prefetch": celery.conf.worker_prefetch_multiplier,
+                              "acks_late": celery.conf.task_acks_late}))
+"""
+
+# Set by the test runner's machine or an earlier test, they would hide what the worker sets.
+PINNING_VARS = ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "TPU_VISIBLE_CHIPS",
+                "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+HAS_GPU = shutil.which("nvidia-smi") is not None
+
+
+def run_worker(args: list[str], env: dict[str, str] | None = None) -> tuple[dict, subprocess.CompletedProcess]:
+    child_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in PINNING_VARS}
+    done = subprocess.run([sys.executable, "-c", SPY, *args], env=child_env, capture_output=True, text=True,
+                          timeout=120)
+    result = next((json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines()
+                   if line.startswith("RESULT ")), None)
+    assert result is not None, done.stderr[-3000:]
+    return result, done
+
+
+def test_cpu_worker_is_pinned_before_import_and_registers_what_it_serves(services_env):
+    from sqlalchemy import delete, select
+
+    from app.db import session_scope
+    from app.models import Worker
+
+    result, done = run_worker(["--hardware", "cpu", "--devices", "0"], services_env)
+    assert result["rc"] == 0, done.stderr[-3000:]
+    for framework in ("jax", "torch"):
+        at_import = result["seen"][framework]
+        assert at_import["affinity"] == [0], framework
+        assert at_import["env"]["OMP_NUM_THREADS"] == at_import["env"]["MKL_NUM_THREADS"] == "1"
+        assert at_import["env"]["CUDA_VISIBLE_DEVICES"] == ""  # a cpu worker never grabs a GPU
+        assert at_import["env"]["JAX_PLATFORMS"] == "cpu"
+    # one job at a time, one message prefetched, acknowledged when the job is done
+    argv = result["worker_argv"]
+    assert "--pool=solo" in argv and "--concurrency=1" in argv
+    assert "--queues=cpu.jax,cpu.pytorch" in argv
+    assert result["prefetch"] == 1 and result["acks_late"] is True
+    # the heartbeat row says who it is and what it serves
+    name = next(line.split()[2] for line in done.stdout.splitlines() if line.startswith("trainhub worker "))
+    with session_scope() as session:
+        row = session.scalars(select(Worker).where(Worker.name == name)).one()
+        assert row.hardware == "cpu" and row.queues == ["cpu.jax", "cpu.pytorch"]
+        assert row.devices == ["cpu:0"] and set(row.versions) == {"jax", "pytorch"}
+        assert row.hostname == name.rsplit(":", 1)[0] and row.current_job_id is None
+        # gone: it must not count as an online cpu worker for the tests after this one
+        session.execute(delete(Worker).where(Worker.name == name))
+        session.commit()
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this host has a GPU")
+def test_gpu_worker_is_pinned_before_import_then_exits_2_naming_what_is_missing():
+    result, done = run_worker(["--hardware", "gpu", "--devices", "1"])
+    assert result["rc"] == 2
+    for framework in ("jax", "torch"):
+        env = result["seen"][framework]["env"]
+        assert env["CUDA_VISIBLE_DEVICES"] == "1"
+        assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"  # no grab of the whole card
+        assert env["JAX_PLATFORMS"] == "cuda,cpu"  # a CUDA that fails to start is an error, not the CPU
+    assert result["worker_argv"] == []  # never consumed a queue
+    assert "not serving gpu.jax" in done.stderr and "no gpu backend" in done.stderr
+    assert "not serving gpu.pytorch" in done.stderr and "torch.cuda.is_available() is False" in done.stderr
+    assert "cannot serve any of jax, pytorch on gpu" in done.stderr
+
+
+def test_tpu_worker_is_pinned_before_import_then_exits_2_naming_what_is_missing():
+    result, done = run_worker(["--hardware", "tpu", "--devices", "0,1"])
+    assert result["rc"] == 2
+    env = result["seen"]["jax"]["env"]
+    assert env["TPU_VISIBLE_CHIPS"] == "0,1"
+    assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "1,2,1" and env["TPU_PROCESS_BOUNDS"] == "1,1,1"
+    assert env["JAX_PLATFORMS"] == "tpu,cpu"
+    assert "not serving tpu.jax" in done.stderr and "libtpu" in done.stderr
+    assert "not serving tpu.pytorch" in done.stderr and "torch_xla" in done.stderr
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this host has a GPU")
+def test_trainhub_worker_gpu_exits_nonzero_on_a_host_without_one():
+    """The command as an operator types it (the CLI execs `python -m workers`)."""
+    env = {k: v for k, v in os.environ.items() if k not in PINNING_VARS}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "worker", "--hardware", "gpu"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "torch.cuda.is_available() is False" in done.stderr
+    assert "jax" in done.stderr and "no gpu backend" in done.stderr
+    assert "nothing to do" in done.stderr
+
+
+def test_a_worker_that_cannot_store_artifacts_serves_nothing(services_env, s3_env):
+    env = {**services_env, **s3_env, "TRAINHUB_S3_BUCKET": "no-such-bucket"}
+    result, done = run_worker(["--hardware", "cpu", "--frameworks", "jax"], env)
+    assert result["rc"] == 2 and result["worker_argv"] == []
+    assert "cannot store artifacts (s3)" in done.stderr and "no-such-bucket" in done.stderr
+
+
+def test_pin_refuses_to_come_after_a_framework_import():
+    import jax  # noqa: F401  (this test process has it already; pinning now would be too late)
+
+    with pytest.raises(RuntimeError, match="before jax"):
+        pin("gpu", [0])

@@ -236,6 +236,7 @@ def metric_dict(metric) -> dict:
         "epoch_time_s": metric.epoch_time_s,
         "eval_time_s": metric.eval_time_s,
         "samples_per_s": metric.samples_per_s,
+        "learning_rate": metric.learning_rate,
     }
 
 

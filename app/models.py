@@ -100,6 +100,7 @@ class EpochMetric(Base):
     epoch_time_s: Mapped[float] = mapped_column(Float)
     eval_time_s: Mapped[float] = mapped_column(Float)
     samples_per_s: Mapped[float] = mapped_column(Float)
+    learning_rate: Mapped[float | None] = mapped_column(Float, nullable=True)  # null: stored before 0006
 
     __table_args__ = (UniqueConstraint("job_id", "epoch", name="uq_epoch_metrics_job_epoch"),)
 

@@ -26,6 +26,7 @@ class EpochMetrics(BaseModel):
     epoch_time_s: float
     eval_time_s: float
     samples_per_s: float
+    learning_rate: float | None = Field(None, description="The optimizer's learning rate at the epoch's first step.")
 
 
 class ArtifactInfo(BaseModel):

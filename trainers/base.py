@@ -16,7 +16,9 @@ class EpochMetrics:
     """One epoch's numbers. Losses are mean cross-entropy in nats; times in seconds.
 
     `epoch_time_s` covers the training steps of the epoch only (waited for on the device);
-    `eval_time_s` the evaluation on the test split that follows it.
+    `eval_time_s` the evaluation on the test split that follows it. `learning_rate` is the rate
+    the optimizer used for the epoch's first step, read from the framework's own schedule
+    (optax's, or torch.optim's param group); None in metrics stored before it existed.
     """
 
     epoch: int
@@ -27,6 +29,8 @@ class EpochMetrics:
     epoch_time_s: float
     eval_time_s: float
     samples_per_s: float
+    learning_rate: float | None = None  # the optimizer's rate at the epoch's first step
+
 
     def to_dict(self) -> dict:
         return asdict(self)

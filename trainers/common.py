@@ -8,6 +8,7 @@ the same spec start from the same weights, see the same batches and write the sa
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Sequence
@@ -16,7 +17,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from trainers.base import EpochMetrics, check_finite
-from trainers.spec import JobSpec
+from trainers.spec import CONV_KERNEL, JobSpec, ModelSpec, OptimizerSpec
 
 Weights = dict[str, np.ndarray]
 
@@ -51,6 +52,133 @@ def architecture(weights: Weights) -> tuple[int, list[int], int]:
     return shapes[0][1], [out for out, _ in shapes[:-1]], shapes[-1][0]
 
 
+def init_weights(model: ModelSpec, in_features: int, num_classes: int, seed: int) -> Weights:
+    """Initial weights of the model `model` describes, in PyTorch's names and shapes.
+
+    The seeds' MLP (no batch norm) is exactly `init_params`. A cnn draws its conv layers first,
+    `convs.i.weight` float32 [out, in, 3, 3] (OIHW) from N(0, 2/(in*9)) and `convs.i.bias` zeros,
+    then its dense head as `init_params` does, from the same np.random.default_rng(seed). Batch
+    norm adds `norms.i.*` (hidden dense layer i) and `conv_norms.i.*` (conv layer i): weight ones,
+    bias zeros, running_mean zeros, running_var ones; it draws nothing, so the other weights are
+    those of the same model without it.
+    """
+    rng = np.random.default_rng(seed)
+    weights: Weights = {}
+    features = in_features
+    if model.name == "cnn":
+        side, c_in = math.isqrt(in_features), 1
+        for i, c_out in enumerate(model.channels):
+            fan_in = c_in * CONV_KERNEL * CONV_KERNEL
+            scale = np.float32(np.sqrt(2.0 / fan_in))
+            shape = (c_out, c_in, CONV_KERNEL, CONV_KERNEL)
+            weights[f"convs.{i}.weight"] = rng.standard_normal(shape, dtype=np.float32) * scale
+            weights[f"convs.{i}.bias"] = np.zeros(c_out, dtype=np.float32)
+            if model.batch_norm:
+                weights.update(_norm(f"conv_norms.{i}", c_out))
+            c_in, side = c_out, side // 2
+        features = c_in * side * side
+    sizes = [features, *model.hidden_sizes, num_classes]
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        scale = np.float32(np.sqrt(2.0 / fan_in))
+        weights[f"layers.{i}.weight"] = rng.standard_normal((fan_out, fan_in), dtype=np.float32) * scale
+        weights[f"layers.{i}.bias"] = np.zeros(fan_out, dtype=np.float32)
+        if model.batch_norm and i < len(sizes) - 2:
+            weights.update(_norm(f"norms.{i}", fan_out))
+    return weights
+
+
+def _norm(prefix: str, features: int) -> Weights:
+    return {
+        f"{prefix}.weight": np.ones(features, np.float32),
+        f"{prefix}.bias": np.zeros(features, np.float32),
+        f"{prefix}.running_mean": np.zeros(features, np.float32),
+        f"{prefix}.running_var": np.ones(features, np.float32),
+    }
+
+
+def describe(weights: Weights) -> dict:
+    """The model stored in `weights` (any model `init_weights` makes), read from names and shapes:
+    {"name": "mlp"|"cnn", "in_features", "channels", "hidden_sizes", "num_classes", "batch_norm"}.
+    `in_features` is None for a cnn (its input side is not stored). Raises ValueError otherwise."""
+    def count(group: str) -> int:
+        return sum(1 for name in weights if name.startswith(f"{group}.") and name.endswith(".weight"))
+
+    convs, layers = count("convs"), count("layers")
+    batch_norm = count("norms") + count("conv_norms") > 0
+    expected = {f"layers.{i}.{kind}" for i in range(layers) for kind in ("weight", "bias")}
+    expected |= {f"convs.{i}.{kind}" for i in range(convs) for kind in ("weight", "bias")}
+    if batch_norm:
+        norm_kinds = ("weight", "bias", "running_mean", "running_var")
+        expected |= {f"norms.{i}.{kind}" for i in range(layers - 1) for kind in norm_kinds}
+        expected |= {f"conv_norms.{i}.{kind}" for i in range(convs) for kind in norm_kinds}
+    if layers == 0 or set(weights) != expected:
+        raise ValueError(f"not the weights of a trainhub model: expected {sorted(expected)}, got {sorted(weights)}")
+    dense = [weights[f"layers.{i}.weight"].shape for i in range(layers)]
+    return {
+        "name": "cnn" if convs else "mlp",
+        "in_features": None if convs else dense[0][1],
+        "channels": [weights[f"convs.{i}.weight"].shape[0] for i in range(convs)],
+        "hidden_sizes": [out for out, _ in dense[:-1]],
+        "num_classes": dense[-1][0],
+        "batch_norm": batch_norm,
+    }
+
+
+def forward(weights: Weights, x: np.ndarray) -> np.ndarray:
+    """Logits float32 [N, classes] of the model in `weights` (eval mode: batch norm uses its running
+    statistics, no dropout) for flat inputs x [N, D], in numpy: the reference both frameworks'
+    models are checked against."""
+    model = describe(weights)
+    h = x.astype(np.float32)
+    if model["name"] == "cnn":
+        side = math.isqrt(h.shape[1])
+        h = h.reshape(len(h), 1, side, side)
+        for i in range(len(model["channels"])):
+            w = weights[f"convs.{i}.weight"]
+            padded = np.pad(h, ((0, 0), (0, 0), (1, 1), (1, 1)))
+            windows = np.lib.stride_tricks.sliding_window_view(padded, (CONV_KERNEL, CONV_KERNEL), axis=(2, 3))
+            h = np.einsum("nchwij,ocij->nohw", windows, w, optimize=True) + weights[f"convs.{i}.bias"][:, None, None]
+            if model["batch_norm"]:
+                h = _batch_norm(weights, f"conv_norms.{i}", h, axis=1)
+            h = np.maximum(h, 0.0)
+            n, c, hh, ww = h.shape
+            h = h[:, :, : hh // 2 * 2, : ww // 2 * 2].reshape(n, c, hh // 2, 2, ww // 2, 2).max(axis=(3, 5))
+        h = h.reshape(len(h), -1)
+    layers = len(model["hidden_sizes"]) + 1
+    for i in range(layers):
+        h = h @ weights[f"layers.{i}.weight"].T + weights[f"layers.{i}.bias"]
+        if i < layers - 1:
+            if model["batch_norm"]:
+                h = _batch_norm(weights, f"norms.{i}", h, axis=1)
+            h = np.maximum(h, 0.0)
+    return h.astype(np.float32)
+
+
+def _batch_norm(weights: Weights, prefix: str, h: np.ndarray, axis: int) -> np.ndarray:
+    shape = [1] * h.ndim
+    shape[axis] = -1
+    get = lambda kind: weights[f"{prefix}.{kind}"].reshape(shape)  # noqa: E731
+    return (h - get("running_mean")) / np.sqrt(get("running_var") + BATCH_NORM_EPS) * get("weight") + get("bias")
+
+
+BATCH_NORM_EPS = 1e-5  # PyTorch's default, used by both frameworks
+BATCH_NORM_MOMENTUM = 0.1  # PyTorch's convention: running = (1 - m) * running + m * batch
+
+
+def learning_rate_at(optimizer: OptimizerSpec, step: int, steps_per_epoch: int, epochs: int) -> float:
+    """The learning rate of optimizer step `step` (counting from 0) under `optimizer.schedule`; the
+    formulas are OptimizerSpec's. The reference the optax and torch schedules are tested against."""
+    lr = optimizer.learning_rate
+    total = epochs * steps_per_epoch
+    warmup = optimizer.warmup_epochs * steps_per_epoch if optimizer.schedule == "warmup_cosine" else 0
+    if optimizer.schedule == "constant":
+        return lr
+    if step < warmup:
+        return lr * step / warmup
+    progress = min(step - warmup, total - warmup) / (total - warmup)
+    return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def epoch_batches(seed: int, epoch: int, n: int, batch_size: int) -> np.ndarray:
     """The batch order of one epoch: int32 [n // batch_size, batch_size] indices into [0, n).
 
@@ -70,6 +198,7 @@ def epoch_batches(seed: int, epoch: int, n: int, batch_size: int) -> np.ndarray:
 def summarize_epoch(
     epoch: int, *, loss_sum: float, correct: float, steps: int, batch_size: int,
     test_loss: float, test_accuracy: float, epoch_time_s: float, eval_time_s: float,
+    learning_rate: float | None = None,
 ) -> EpochMetrics:
     """An epoch's metrics from its sums over `steps` batches of `batch_size` examples.
 
@@ -83,6 +212,7 @@ def summarize_epoch(
         epoch_time_s=epoch_time_s,
         eval_time_s=eval_time_s,
         samples_per_s=steps * batch_size / epoch_time_s,
+        learning_rate=learning_rate,
     )
     check_finite(metrics)
     return metrics

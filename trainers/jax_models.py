@@ -1,4 +1,4 @@
-"""The MLP in flax.linen, and conversion to and from the framework-neutral weights.
+"""The MLP and CNN in flax.linen, and conversion to and from the framework-neutral weights.
 
 flax names the Dense layers `layers_0`, `layers_1`, ... with `kernel` [in, out] and `bias`
 [out]; the weights files use PyTorch's `layers.0.weight` [out, in]. `params_from_weights` and
@@ -7,6 +7,7 @@ flax names the Dense layers `layers_0`, `layers_1`, ... with `kernel` [in, out] 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -16,65 +17,193 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trainers.common import Weights, architecture, read_weights
+from trainers.common import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, Weights, describe, read_weights
+from trainers.spec import CONV_KERNEL, ModelSpec
+
+
+class BatchNorm(nn.Module):
+    """Batch norm over the last axis with PyTorch's semantics, so both frameworks train and store
+    the same statistics: running = (1 - momentum) * running + momentum * batch, the running
+    variance unbiased (n / (n - 1)), the batch itself normalised with the biased one. flax's own
+    BatchNorm keeps the biased variance. Params `scale`, `bias`; batch_stats `mean`, `var`;
+    statistics in float32 whatever the compute dtype.
+    """
+
+    momentum: float = BATCH_NORM_MOMENTUM
+    epsilon: float = BATCH_NORM_EPS
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+        features = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (features,))
+        bias = self.param("bias", nn.initializers.zeros, (features,))
+        running_mean = self.variable("batch_stats", "mean", jnp.zeros, (features,), jnp.float32)
+        running_var = self.variable("batch_stats", "var", jnp.ones, (features,), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        if train:
+            axes = tuple(range(x.ndim - 1))
+            mean, var = x32.mean(axes), x32.var(axes)
+            if not self.is_initializing():
+                n = x.size // features
+                running_mean.value = (1 - self.momentum) * running_mean.value + self.momentum * mean
+                running_var.value = (1 - self.momentum) * running_var.value + self.momentum * var * n / (n - 1)
+        else:
+            mean, var = running_mean.value, running_var.value
+        return ((x32 - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias).astype(x.dtype)
 
 
 class MLP(nn.Module):
     """x float32 [B, in_features] -> hidden_sizes (ReLU, then dropout) -> logits [B, num_classes].
 
-    Dropout is active only with `train=True`, and then needs a `dropout` PRNG stream.
+    Dropout is active only with `train=True`, and then needs a `dropout` PRNG stream. With
+    `batch_norm`, `norms_i` follows hidden layer i, before its ReLU (its statistics live in the
+    `batch_stats` collection, updated with `train=True` and mutable=["batch_stats"]). `dtype` is
+    the compute dtype (bfloat16 for mixed precision): params stay float32, logits come out float32.
     """
 
     hidden_sizes: Sequence[int]
     num_classes: int
     dropout: float = 0.0
+    batch_norm: bool = False
+    dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+        return self.head(x, train)
+
+    def head(self, x: jax.Array, train: bool) -> jax.Array:
+        x = x.astype(self.dtype)
         for i, size in enumerate(self.hidden_sizes):
-            x = nn.relu(nn.Dense(size, name=f"layers_{i}")(x))
+            x = nn.Dense(size, name=f"layers_{i}", dtype=self.dtype)(x)
+            if self.batch_norm:
+                x = BatchNorm(name=f"norms_{i}")(x, train=train)
+            x = nn.relu(x)
             if self.dropout > 0.0:
                 x = nn.Dropout(self.dropout, deterministic=not train)(x)
-        return nn.Dense(self.num_classes, name=f"layers_{len(self.hidden_sizes)}")(x)
+        logits = nn.Dense(self.num_classes, name=f"layers_{len(self.hidden_sizes)}", dtype=self.dtype)(x)
+        return logits.astype(jnp.float32)
+
+
+class CNN(MLP):
+    """x float32 [B, side*side] -> [B, side, side, 1] (NHWC) -> per `channels`: 3x3 conv ("SAME"),
+    [batch norm], ReLU, 2x2 max pool -> flattened in PyTorch's (C, H, W) order -> the MLP head.
+
+    Conv kernels are `convs_i.kernel` [3, 3, in, out] (HWIO); the weights files hold them as
+    PyTorch's OIHW. Flattening channel-first keeps the head's weights identical to PyTorch's.
+    """
+
+    channels: Sequence[int] = (32, 64)
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+        side = math.isqrt(x.shape[-1])
+        x = x.reshape(x.shape[0], side, side, 1).astype(self.dtype)
+        for i, channels in enumerate(self.channels):
+            x = nn.Conv(channels, (CONV_KERNEL, CONV_KERNEL), padding="SAME", name=f"convs_{i}", dtype=self.dtype)(x)
+            if self.batch_norm:
+                x = BatchNorm(name=f"conv_norms_{i}")(x, train=train)
+            x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
+        x = x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1)
+        return self.head(x, train)
+
+
+def build(model: ModelSpec, num_classes: int, dtype=jnp.float32) -> MLP:
+    """The flax module `model` describes (inputs come flat; a cnn reshapes them to a square image)."""
+    common = dict(hidden_sizes=tuple(model.hidden_sizes), num_classes=num_classes, dropout=model.dropout,
+                  batch_norm=model.batch_norm, dtype=dtype)
+    if model.name == "cnn":
+        return CNN(channels=tuple(model.channels), **common)
+    return MLP(**common)
+
+
+# weights.safetensors name -> (flax collection, flax leaf) for each tensor kind, and the layout
+# change: dense kernels [in, out] vs PyTorch's [out, in]; conv kernels HWIO vs OIHW.
+_LEAVES = {"weight": ("params", "kernel"), "bias": ("params", "bias")}
+_NORM_LEAVES = {"weight": ("params", "scale"), "bias": ("params", "bias"),
+                "running_mean": ("batch_stats", "mean"), "running_var": ("batch_stats", "var")}
+
+
+def variables_from_weights(weights: Weights) -> dict:
+    """flax variables {"params": ..., ["batch_stats": ...]} from PyTorch-style weights of any model.
+
+    `layers.i.weight` [out, in] -> params["layers_i"]["kernel"] [in, out]; `convs.i.weight` OIHW ->
+    params["convs_i"]["kernel"] HWIO; `norms.i.weight/bias/running_mean/running_var` ->
+    params["norms_i"]["scale"/"bias"], batch_stats["norms_i"]["mean"/"var"]. Raises ValueError
+    for foreign names.
+    """
+    describe(weights)
+    variables: dict = {"params": {}}
+    for name, value in weights.items():
+        group, index, kind = name.split(".")
+        value = np.asarray(value)
+        collection, leaf = (_NORM_LEAVES if "norms" in group else _LEAVES)[kind]
+        if kind == "weight" and group == "layers":
+            value = value.T
+        elif kind == "weight" and group == "convs":
+            value = value.transpose(2, 3, 1, 0)
+        variables.setdefault(collection, {}).setdefault(f"{group}_{index}", {})[leaf] = jnp.asarray(value)
+    return variables
 
 
 def params_from_weights(weights: Weights) -> dict:
-    """flax params {"layers_i": {"kernel": [in, out], "bias": [out]}} from PyTorch-style weights."""
-    count = len(architecture(weights)[1]) + 1
-    return {
-        f"layers_{i}": {
-            "kernel": jnp.asarray(np.asarray(weights[f"layers.{i}.weight"]).T),
-            "bias": jnp.asarray(weights[f"layers.{i}.bias"]),
-        }
-        for i in range(count)
-    }
+    """flax params {"layers_i": {"kernel": [in, out], "bias": [out]}, ...} from PyTorch-style weights."""
+    return variables_from_weights(weights)["params"]
 
 
-def weights_from_params(params: dict) -> Weights:
-    """PyTorch-style numpy weights (`layers.i.weight` [out, in]) from flax params; copies to host."""
-    host = jax.device_get(params)
+def weights_from_params(params: dict, batch_stats: dict | None = None) -> Weights:
+    """PyTorch-style numpy weights (`layers.i.weight` [out, in], `convs.i.weight` OIHW, ...) from
+    flax params (and batch_stats); copies to host. The inverse of `variables_from_weights`."""
+    host = jax.device_get({"params": params, "batch_stats": batch_stats or {}})
     weights: Weights = {}
-    for i in range(len(host)):
-        layer = host[f"layers_{i}"]
-        weights[f"layers.{i}.weight"] = np.ascontiguousarray(np.asarray(layer["kernel"]).T)
-        weights[f"layers.{i}.bias"] = np.asarray(layer["bias"])
-    return weights
+    for collection, modules in host.items():
+        for module, leaves in modules.items():
+            group, index = module.rsplit("_", 1)
+            table = _NORM_LEAVES if "norms" in group else _LEAVES
+            for kind, (coll, leaf) in table.items():
+                if coll != collection or leaf not in leaves:
+                    continue
+                value = np.asarray(leaves[leaf], dtype=np.float32)
+                if kind == "weight" and group == "layers":
+                    value = value.T
+                elif kind == "weight" and group == "convs":
+                    value = value.transpose(3, 2, 0, 1)
+                weights[f"{group}.{index}.{kind}"] = np.ascontiguousarray(value)
+    # The order init_weights uses, so the files list tensors alike whichever framework wrote them.
+    return dict(sorted(weights.items(), key=lambda item: _order(item[0])))
+
+
+def _order(name: str) -> tuple:
+    group, index, kind = name.split(".")
+    kinds = ("weight", "bias", "running_mean", "running_var")
+    groups = {"convs": (0, 0), "conv_norms": (0, 1), "layers": (1, 0), "norms": (1, 1)}
+    major, minor = groups[group]
+    return (major, int(index), minor, kinds.index(kind))
 
 
 def load_weights(path: Path, dropout: float = 0.0) -> tuple[MLP, dict]:
     """(model, params) from a weights.safetensors file written by either trainer.
 
     The architecture is read from the tensor shapes. Raises ValueError for other tensor names.
+    With batch norm, `params` is the full variables dict ({"params", "batch_stats"}); pass it to
+    `evaluate`, which accepts either.
     """
     weights = read_weights(path)
-    _, hidden_sizes, num_classes = architecture(weights)
-    model = MLP(hidden_sizes=tuple(hidden_sizes), num_classes=num_classes, dropout=dropout)
-    return model, params_from_weights(weights)
+    info = describe(weights)
+    spec = ModelSpec.model_construct(name=info["name"], hidden_sizes=info["hidden_sizes"], dropout=dropout,
+                                     channels=info["channels"] or [1], batch_norm=info["batch_norm"])
+    model = build(spec, info["num_classes"])
+    variables = variables_from_weights(weights)
+    return model, (variables if info["batch_norm"] else variables["params"])
+
+
+def _variables(params: dict) -> dict:
+    """{"params": ...} for bare params; full variables (with batch_stats) pass through."""
+    return params if "params" in params else {"params": params}
 
 
 def eval_metrics(model: MLP, params: dict, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Traceable (mean cross-entropy in nats, accuracy in [0, 1]) of `model` on x [N, D], y [N]."""
-    logits = model.apply({"params": params}, x, train=False)
+    logits = model.apply(_variables(params), x, train=False)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
     accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == y)
     return loss, accuracy

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -28,12 +29,13 @@ import optax
 from flax.serialization import to_bytes
 from flax.training.train_state import TrainState
 from jax.experimental.compilation_cache import compilation_cache
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainers import jax_checkpoint
 from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop
-from trainers.common import epoch_batches, fit_timings, init_params, summarize_epoch, write_common_artifacts
+from trainers.common import epoch_batches, fit_timings, init_weights, summarize_epoch, write_common_artifacts
 from trainers.data import load_dataset
-from trainers.jax_models import MLP, eval_metrics, params_from_weights, weights_from_params
+from trainers.jax_models import build, eval_metrics, variables_from_weights, weights_from_params
 from trainers.spec import JobSpec
 
 CHUNK_STEPS = 50  # steps per compiled call: long enough to hide dispatch, short enough to stop promptly
@@ -50,29 +52,43 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     start = time.perf_counter()
     _check_backend(spec.hardware)
     _use_compile_cache()
+    # Data parallel: a one-axis mesh over the job's devices. The data and the state are
+    # replicated, each step's batch is split along "data", and XLA reduces the gradients.
+    mesh = _mesh(spec.devices, spec.hardware)
+    replicated = NamedSharding(mesh, PartitionSpec())
     data = load_dataset(spec.dataset)
     # The data goes to the device once; batches are gathered there by index.
-    x_train, y_train = jax.device_put(data.x_train), jax.device_put(data.y_train)
-    x_test, y_test = jax.device_put(data.x_test), jax.device_put(data.y_test)
+    x_train, y_train = jax.device_put(data.x_train, replicated), jax.device_put(data.y_train, replicated)
+    x_test, y_test = jax.device_put(data.x_test, replicated), jax.device_put(data.y_test, replicated)
 
-    model = MLP(tuple(spec.model.hidden_sizes), data.num_classes, spec.model.dropout)
+    # bf16: params and optimizer state stay float32; the model computes in bfloat16.
+    model = build(spec.model, data.num_classes, jnp.bfloat16 if spec.precision == "bf16" else jnp.float32)
     # Initial weights come from numpy so a PyTorch job with this spec starts from the same ones.
-    weights = init_params(data.in_features, spec.model.hidden_sizes, data.num_classes, spec.seed)
-    params = params_from_weights(weights)
-    optimizer = optax.adam(spec.optimizer.learning_rate)
-    state = jax.jit(partial(TrainState.create, apply_fn=model.apply, tx=optimizer))(params=params)
-    key = jax.random.PRNGKey(spec.seed)
-    evaluate = jax.jit(partial(eval_metrics, model)).lower(state.params, x_test, y_test).compile()
-
+    weights = init_weights(spec.model, data.in_features, data.num_classes, spec.seed)
+    variables = variables_from_weights(weights)
     n, batch_size = len(data.x_train), spec.batch_size
     steps = n // batch_size
+    optimizer, learning_rate = make_optimizer(spec, steps)
+    if "batch_stats" in variables:
+        create = partial(BatchNormTrainState.create, apply_fn=model.apply, tx=optimizer,
+                         batch_stats=variables["batch_stats"])
+    else:
+        create = partial(TrainState.create, apply_fn=model.apply, tx=optimizer)
+    state = jax.jit(create, out_shardings=replicated)(params=variables["params"])
+    key = jax.random.PRNGKey(spec.seed)
+    evaluate = jax.jit(partial(eval_metrics, model)).lower(_eval_variables(state), x_test, y_test).compile()
+    options = StepOptions(
+        batch_sharding=NamedSharding(mesh, PartitionSpec("data")) if spec.devices > 1 else None,
+        privacy_clip_norm=spec.privacy.clip_norm if spec.privacy else None,
+        privacy_noise_multiplier=spec.privacy.noise_multiplier if spec.privacy else 0.0,
+    )
     chunk_steps = _chunk_steps(steps)
     setup_s = time.perf_counter() - start
 
     # Every program built from here on counts: the loop below must build none of its own.
     programs_before = _programs_built
     compile_start = time.perf_counter()
-    run_chunk = _compile_chunk(state, x_train, y_train, key, chunk_steps, batch_size)
+    run_chunk = _compile_chunk(state, x_train, y_train, key, chunk_steps, batch_size, options)
     compile_s = time.perf_counter() - compile_start
 
     # A job picked up again after its worker died goes on from its last finished epoch.
@@ -82,7 +98,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         state, metrics, first_step_loss = resumed
         for done in metrics:  # re-reported: the worker may have died before it stored them
             report(done.epoch, done)
-    checkpoint_s = 0.0
+    checkpoint_s, checkpoint_programs = 0.0, 0
     for epoch in range(len(metrics) + 1, spec.epochs + 1):
         batches = epoch_batches(spec.seed, epoch, n, batch_size)
         epoch_start = time.perf_counter()
@@ -99,21 +115,26 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         epoch_time_s = time.perf_counter() - epoch_start
 
         eval_start = time.perf_counter()
-        test_loss, test_accuracy = (float(v) for v in jax.device_get(evaluate(state.params, x_test, y_test)))
+        test_loss, test_accuracy = (float(v) for v in jax.device_get(evaluate(_eval_variables(state), x_test, y_test)))
         eval_time_s = time.perf_counter() - eval_start
 
         epoch_metrics = summarize_epoch(
             epoch, loss_sum=loss_sum, correct=correct, steps=steps, batch_size=batch_size, test_loss=test_loss,
             test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
+            learning_rate=learning_rate((epoch - 1) * steps),
         )
         metrics.append(epoch_metrics)
-        checkpoint_start = time.perf_counter()
+        checkpoint_start, programs_before_save = time.perf_counter(), _programs_built
         jax_checkpoint.save(workdir, epoch, state, metrics, first_step_loss)
         checkpoint_s += time.perf_counter() - checkpoint_start
+        # Orbax builds small slicing programs of its own to save replicated (multi-device)
+        # arrays; they are not the train step, so they are not counted as its compilations.
+        checkpoint_programs += _programs_built - programs_before_save
         report(epoch, epoch_metrics)
 
-    compilations = _programs_built - programs_before
-    artifacts = write_common_artifacts(workdir, weights_from_params(state.params), metrics, spec)
+    compilations = _programs_built - programs_before - checkpoint_programs
+    batch_stats = getattr(state, "batch_stats", None)
+    artifacts = write_common_artifacts(workdir, weights_from_params(state.params, batch_stats), metrics, spec)
     (workdir / PARAMS_FILE).write_bytes(to_bytes(jax.device_get(state.params)))
     return FitResult(
         metrics=metrics,
@@ -121,29 +142,136 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
                 "first_step_loss": first_step_loss},
         artifacts=[*artifacts, PARAMS_FILE],
-        device=_device_info(),
+        device=_device_info(mesh),
     )
 
 
+class BatchNormTrainState(TrainState):
+    """TrainState plus the models' batch-norm running statistics (flax's `batch_stats`)."""
+
+    batch_stats: dict = flax.struct.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Static settings of the train step (hashable: they are part of the compiled program).
+
+    batch_sharding: data parallel, the batch's split over the mesh (None: one device).
+    privacy_clip_norm: DP-SGD per-example clipping bound (None: ordinary mini-batch gradients);
+    privacy_noise_multiplier: the noise's standard deviation in units of privacy_clip_norm.
+    """
+
+    batch_sharding: NamedSharding | None = None
+    privacy_clip_norm: float | None = None
+    privacy_noise_multiplier: float = 0.0
+
+
 def train_step(
-    state: TrainState, batch: tuple[jax.Array, jax.Array], key: jax.Array
+    state: TrainState, batch: tuple[jax.Array, jax.Array], key: jax.Array, options: StepOptions = StepOptions()
 ) -> tuple[TrainState, tuple[jax.Array, jax.Array]]:
-    """One Adam step on batch (x [B, D] float32, y [B] int32); `key` drives dropout.
+    """One optimizer step on batch (x [B, D] float32, y [B] int32); `key` drives dropout (and the
+    privacy noise, from key folded with 1).
 
     Returns the new state and (mean cross-entropy of the batch in nats, correct predictions).
     """
     x, y = batch
+    if options.batch_sharding is not None:
+        # Split the batch over the devices; params are replicated, so XLA all-reduces the grads.
+        x = jax.lax.with_sharding_constraint(x, options.batch_sharding)
+        y = jax.lax.with_sharding_constraint(y, options.batch_sharding)
+    if options.privacy_clip_norm is not None:
+        return _private_step(state, x, y, key, options)
+    batch_norm = isinstance(state, BatchNormTrainState)
 
     def loss_fn(params):
-        logits = state.apply_fn({"params": params}, x, train=True, rngs={"dropout": key})
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), logits
+        if batch_norm:
+            logits, updates = state.apply_fn({"params": params, "batch_stats": state.batch_stats}, x, train=True,
+                                             rngs={"dropout": key}, mutable=["batch_stats"])
+        else:
+            logits, updates = state.apply_fn({"params": params}, x, train=True, rngs={"dropout": key}), None
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), (logits, updates)
 
-    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (loss, (logits, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     correct = jnp.sum(jnp.argmax(logits, axis=-1) == y)
-    return state.apply_gradients(grads=grads), (loss, correct)
+    state = state.apply_gradients(grads=grads)
+    if batch_norm:
+        state = state.replace(batch_stats=updates["batch_stats"])
+    return state, (loss, correct)
 
 
-def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key, epoch):
+def _private_step(state, x, y, key, options: StepOptions):
+    """DP-SGD: per-example gradients (vmap of grad), each clipped to L2 norm C, summed, plus
+    N(0, (noise_multiplier * C)^2) per coordinate, divided by the batch size."""
+    clip, batch = options.privacy_clip_norm, x.shape[0]
+
+    def example_loss(params, x1, y1, dropout_key):
+        logits = state.apply_fn({"params": params}, x1[None], train=True, rngs={"dropout": dropout_key})
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y1[None])[0], logits[0]
+
+    dropout_keys = jax.random.split(key, batch)
+    (losses, logits), grads = jax.vmap(jax.value_and_grad(example_loss, has_aux=True), in_axes=(None, 0, 0, 0))(
+        state.params, x, y, dropout_keys
+    )
+    norms = jnp.sqrt(sum(jnp.sum(g.reshape(batch, -1) ** 2, axis=1) for g in jax.tree.leaves(grads)))
+    factors = 1.0 / jnp.maximum(1.0, norms / clip)  # clip(g) = g * min(1, C / |g|)
+    leaves, treedef = jax.tree.flatten(grads)
+    noise_keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
+    noised = [
+        (jnp.tensordot(factors, g, axes=1) + options.privacy_noise_multiplier * clip
+         * jax.random.normal(k, g.shape[1:], g.dtype)) / batch
+        for g, k in zip(leaves, noise_keys)
+    ]
+    state = state.apply_gradients(grads=jax.tree.unflatten(treedef, noised))
+    return state, (losses.mean(), jnp.sum(jnp.argmax(logits, axis=-1) == y))
+
+
+def make_optimizer(spec: JobSpec, steps_per_epoch: int):
+    """(optax transformation, learning_rate(step) -> float) for spec.optimizer.
+
+    Schedules count optimizer steps (optax's own count in opt_state), as OptimizerSpec defines
+    them; the seeds' default is exactly optax.adam(1e-3).
+    """
+    opt = spec.optimizer
+    total = spec.epochs * steps_per_epoch
+    if opt.schedule == "constant":
+        schedule = opt.learning_rate
+    elif opt.schedule == "cosine" or opt.warmup_epochs == 0:
+        schedule = optax.cosine_decay_schedule(opt.learning_rate, decay_steps=total)
+    else:
+        schedule = optax.warmup_cosine_decay_schedule(
+            0.0, opt.learning_rate, warmup_steps=opt.warmup_epochs * steps_per_epoch, decay_steps=total
+        )
+    if opt.name == "adamw":
+        core = optax.adamw(schedule, weight_decay=opt.weight_decay)
+    elif opt.name == "sgd":
+        core = optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov)
+    else:
+        core = optax.adam(schedule)
+    chain = []
+    if opt.clip_norm is not None:
+        chain.append(optax.clip_by_global_norm(opt.clip_norm))
+    if opt.weight_decay and opt.name != "adamw":  # L2 on the gradient, as torch's Adam and SGD do
+        chain.append(optax.add_decayed_weights(opt.weight_decay))
+    tx = optax.chain(*chain, core) if chain else core
+    return tx, (lambda step: float(schedule(step)) if callable(schedule) else float(schedule))
+
+
+def _eval_variables(state) -> dict:
+    """What eval_metrics applies the model to: the params, with the running statistics if any."""
+    if isinstance(state, BatchNormTrainState):
+        return {"params": state.params, "batch_stats": state.batch_stats}
+    return state.params
+
+
+def _mesh(devices: int, hardware: str) -> Mesh:
+    """A one-axis ("data") mesh over the first `devices` devices; HardwareMismatch when fewer."""
+    found = jax.devices()
+    if len(found) < devices:
+        raise HardwareMismatch(f"{devices} {hardware} devices", f"{len(found)} {jax.default_backend()} devices", "jax")
+    return Mesh(np.array(found[:devices]), ("data",))
+
+
+def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key, epoch, options=StepOptions()):
     """Run the chunk's steps in order with `jax.lax.scan`; padded steps (valid False) are skipped.
 
     batch_idx int32 [C, B] indexes x_train/y_train; step_ids int32 [C] numbers the steps within
@@ -159,7 +287,7 @@ def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key
         def run(carry):
             state, totals = carry
             batch = (x_train[idx], y_train[idx])
-            state, (loss, correct) = train_step(state, batch, jax.random.fold_in(epoch_key, step_id))
+            state, (loss, correct) = train_step(state, batch, jax.random.fold_in(epoch_key, step_id), options)
             step0_loss = jnp.where(step_id == 0, loss, 0.0)
             return state, totals + jnp.stack([loss, correct.astype(jnp.float32), step0_loss])
 
@@ -172,7 +300,7 @@ def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key
     return state, totals
 
 
-def _compile_chunk(state, x_train, y_train, key, chunk_steps: int, batch_size: int):
+def _compile_chunk(state, x_train, y_train, key, chunk_steps: int, batch_size: int, options=StepOptions()):
     """Trace and compile train_chunk ahead of time for [chunk_steps, batch_size] batches.
 
     The compiled program only accepts exactly these shapes, so it cannot silently recompile.
@@ -181,7 +309,14 @@ def _compile_chunk(state, x_train, y_train, key, chunk_steps: int, batch_size: i
     step_ids = np.zeros(chunk_steps, np.int32)
     valid = np.zeros(chunk_steps, bool)
     totals = np.zeros(3, np.float32)
-    jitted = jax.jit(train_chunk, donate_argnums=(0, 1))  # state and totals are updated in place
+    shardings = {}
+    if options.batch_sharding is not None:
+        # Outputs replicated like the inputs, so the next chunk takes them as they are (else XLA
+        # may pick other layouts, and every call would reshard them with programs of its own).
+        replicated = NamedSharding(options.batch_sharding.mesh, PartitionSpec())
+        shardings = {"out_shardings": (replicated, replicated)}
+        totals = jax.device_put(totals, replicated)
+    jitted = jax.jit(partial(train_chunk, options=options), donate_argnums=(0, 1), **shardings)  # state and totals are updated in place
     lowered = jitted.lower(state, totals, x_train, y_train, batch_idx, step_ids, valid, key, np.int32(1))
     return lowered.compile()
 
@@ -235,9 +370,9 @@ def _count_program(event: str, duration_s: float, **kwargs) -> None:
 jax.monitoring.register_event_duration_secs_listener(_count_program)
 
 
-def _device_info() -> dict:
+def _device_info(mesh: Mesh) -> dict:
     return {
         "backend": jax.default_backend(),
-        "devices": [f"{d.platform}:{d.id}" for d in jax.devices()],
+        "devices": [f"{d.platform}:{d.id}" for d in mesh.devices.flat],
         "versions": {"jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__},
     }

@@ -23,21 +23,17 @@ import math
 
 import numpy as np
 
+from trainers.common import forward
+
 FIRST_STEP_ATOL = 1e-5
 EPOCH_LOSS_RTOL = 0.02
 PREDICTION_AGREEMENT = 0.95
 
 
 def predict(weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
-    """Class predictions [N] of the MLP in `weights` (PyTorch names: layers.i.weight [out, in])
-    for inputs x [N, in_features]."""
-    layers = sum(1 for name in weights if name.endswith(".weight"))
-    h = x.astype(np.float32)
-    for i in range(layers):
-        h = h @ weights[f"layers.{i}.weight"].T + weights[f"layers.{i}.bias"]
-        if i < layers - 1:
-            h = np.maximum(h, 0.0)
-    return h.argmax(axis=1)
+    """Class predictions [N] of the model in `weights` (PyTorch names: layers.i.weight [out, in],
+    convs.i.weight [out, in, 3, 3], ...) for flat inputs x [N, in_features]."""
+    return forward(weights, x).argmax(axis=1)
 
 
 def check(

@@ -9,6 +9,7 @@ batch size 128, 10 epochs, seed 0.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,11 +23,11 @@ MAX_BATCH_SIZE = 65536
 MAX_HIDDEN_UNITS = 16384
 MAX_HIDDEN_LAYERS = 16
 MAX_EXAMPLES = 1_000_000  # per split: 1M x 784 float32 is 3 GB of host memory
-MAX_PARAMETERS = 50_000_000
+MAX_PARAMETERS = 50_000_000  # 200 MB of fp32 weights, three times that with Adam's moments
 MAX_RUNTIME_S = 7 * 24 * 3600  # the broker's visibility timeout (app/config.py) must exceed it
 MAX_LABELS = 32
 MAX_LABEL_KEY_CHARS = 64
-MAX_LABEL_VALUE_CHARS = 256  # 200 MB of fp32 weights, three times that with Adam's moments
+MAX_LABEL_VALUE_CHARS = 256
 
 
 class _Strict(BaseModel):
@@ -35,15 +36,46 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class ModelSpec(_Strict):
-    """A multi-layer perceptron: flattened input -> hidden_sizes (ReLU) -> num_classes logits."""
+def _new(default, **kwargs):
+    """A field added after the first release: left out of the normalised spec while it holds its
+    default, so specs that do not use it serialise (and hash, and replay) exactly as before."""
+    return Field(default, exclude_if=lambda value: value == default, **kwargs)
 
-    name: Literal["mlp"] = "mlp"
+
+MAX_CONV_LAYERS = 4
+MAX_CHANNELS = 1024
+CONV_KERNEL = 3  # 3x3 convolutions, "same" padding, each followed by a 2x2 max pool
+
+
+class ModelSpec(_Strict):
+    """`mlp`: flattened input -> hidden_sizes (ReLU) -> num_classes logits.
+
+    `cnn`: the input as a square one-channel image (784 -> 28x28x1, digits' 64 -> 8x8x1), then
+    per entry of `channels` a 3x3 convolution ("same" padding), ReLU and a 2x2 max pool (each
+    pool halves the side, rounding down), flattened in PyTorch's (channel, row, column) order,
+    then the MLP head hidden_sizes -> num_classes. Defaults: two conv layers of 32 and 64.
+
+    `batch_norm` puts a batch norm (PyTorch's semantics: momentum 0.1, eps 1e-5, unbiased running
+    variance) after every hidden dense and conv layer, before the ReLU; `dropout` follows the
+    ReLU of every hidden dense layer.
+    """
+
+    name: Literal["mlp", "cnn"] = "mlp"
     hidden_sizes: Annotated[
         list[Annotated[int, Field(ge=1, le=MAX_HIDDEN_UNITS)]],
         Field(max_length=MAX_HIDDEN_LAYERS),
     ] = [256, 128]
     dropout: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.0
+    channels: Annotated[
+        list[Annotated[int, Field(ge=1, le=MAX_CHANNELS)]], Field(min_length=1, max_length=MAX_CONV_LAYERS)
+    ] = _new([32, 64], description="cnn only: output channels of each 3x3 conv layer.")
+    batch_norm: bool = _new(False, description="Batch norm after each hidden layer, before its ReLU.")
+
+    @model_validator(mode="after")
+    def _channels_for_cnn(self) -> "ModelSpec":
+        if self.name == "mlp" and "channels" in self.model_fields_set:
+            raise ValueError("channels is for model cnn only; remove it or set model.name to cnn")
+        return self
 
 
 class DatasetSpec(_Strict):
@@ -59,10 +91,60 @@ class DatasetSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
-    """Adam (Kingma & Ba, 2015) with the default betas (0.9, 0.999) and eps 1e-8 in both frameworks."""
+    """The update rule, the same in both frameworks (optax for JAX, torch.optim for PyTorch).
 
-    name: Literal["adam"] = "adam"
+    - `adam` (Kingma & Ba, 2015): betas (0.9, 0.999), eps 1e-8; `weight_decay` is L2 added to
+      the gradient (torch.optim.Adam's weight_decay; optax.add_decayed_weights before adam).
+    - `adamw` (Loshchilov & Hutter, 2019): the same Adam with decoupled weight decay,
+      p -= lr * weight_decay * p (torch.optim.AdamW; optax.adamw).
+    - `sgd`: with `momentum` (buf = momentum * buf + g, no dampening) and optionally `nesterov`;
+      `weight_decay` as L2 on the gradient (torch.optim.SGD; optax.sgd).
+
+    `clip_norm` scales the whole (mini-batch) gradient down to that global L2 norm before the
+    update, weight decay included after it (torch.nn.utils.clip_grad_norm_;
+    optax.clip_by_global_norm).
+
+    `schedule` sets the learning rate per optimizer step, in both frameworks (optax counts
+    steps; the PyTorch scheduler is stepped after every optimizer step), with T = epochs *
+    steps per epoch and W = warmup_epochs * steps per epoch: `constant`; `cosine`
+    lr * (1 + cos(pi * t / T)) / 2; `warmup_cosine` linear from 0 to lr over the first W steps,
+    then cosine from lr to 0 over the remaining T - W. Each epoch's metrics report the rate of
+    its first step as `learning_rate`.
+    """
+
+    name: Literal["adam", "adamw", "sgd"] = "adam"
     learning_rate: Annotated[float, Field(gt=0.0, le=1e4, allow_inf_nan=False)] = 1e-3
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = _new(0.0, description="sgd only.")
+    nesterov: bool = _new(False, description="sgd only; needs momentum > 0.")
+    weight_decay: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = _new(0.0)
+    clip_norm: Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)] | None = _new(None)
+    schedule: Literal["constant", "cosine", "warmup_cosine"] = _new("constant")
+    warmup_epochs: Annotated[int, Field(ge=0, le=MAX_EPOCHS)] = _new(0, description="warmup_cosine only.")
+
+    @model_validator(mode="after")
+    def _options_fit_the_optimizer(self) -> "OptimizerSpec":
+        if self.name != "sgd" and (self.momentum or self.nesterov):
+            raise ValueError(f"momentum and nesterov are for optimizer sgd, not {self.name}")
+        if self.nesterov and not self.momentum:
+            raise ValueError("nesterov needs a momentum above 0")
+        if self.warmup_epochs and self.schedule != "warmup_cosine":
+            raise ValueError("warmup_epochs is for schedule warmup_cosine only")
+        return self
+
+
+class PrivacySpec(_Strict):
+    """DP-SGD style training (Abadi et al., 2016): each example's gradient is clipped to L2 norm
+    `clip_norm`, the clipped gradients are summed, Gaussian noise of standard deviation
+    `noise_multiplier * clip_norm` is added to every coordinate, and the sum is divided by the
+    batch size; the optimizer then takes that gradient. Per-example gradients come from
+    jax.vmap(jax.grad) and torch.func.vmap(torch.func.grad). No privacy accounting is done.
+    """
+
+    clip_norm: Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)] = 1.0
+    noise_multiplier: Annotated[float, Field(ge=0.0, le=1e3, allow_inf_nan=False)] = 1.0
+
+
+MAX_DEVICES = 64
 
 
 # Examples in the training split of each dataset, before train_limit. digits is split 80/20.
@@ -90,6 +172,13 @@ class TrainingSpec(_Strict):
     labels: Annotated[dict[Annotated[str, Field(max_length=MAX_LABEL_KEY_CHARS)],
                            Annotated[str, Field(max_length=MAX_LABEL_VALUE_CHARS)]],
                       Field(max_length=MAX_LABELS)] = Field(default_factory=dict)
+    privacy: PrivacySpec | None = _new(None, description="Per-example gradient clipping and noise (DP-SGD).")
+    precision: Literal["fp32", "bf16"] = _new(
+        "fp32", description="bf16: params and optimizer in fp32, the forward and backward in bfloat16 (gpu, tpu)."
+    )
+    devices: Annotated[int, Field(ge=1, le=MAX_DEVICES)] = _new(
+        1, description="Data parallel over this many devices of the hardware; batch_size is the global batch."
+    )
 
     @model_validator(mode="after")
     def _model_fits(self) -> "TrainingSpec":
@@ -98,6 +187,27 @@ class TrainingSpec(_Strict):
                 f"model.hidden_sizes gives {count:,} parameters, more than the limit of {MAX_PARAMETERS:,}; "
                 "use fewer or smaller hidden layers"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _options_fit_together(self) -> "TrainingSpec":
+        if self.model.name == "cnn" and conv_output_side(self) < 1:
+            raise ValueError(
+                f"model.channels has {len(self.model.channels)} conv layers, each halving the "
+                f"{image_side(self.dataset.name)}x{image_side(self.dataset.name)} image of {self.dataset.name} "
+                "to nothing; use fewer conv layers"
+            )
+        if self.optimizer.warmup_epochs >= self.epochs:
+            raise ValueError(f"optimizer.warmup_epochs ({self.optimizer.warmup_epochs}) must be fewer than "
+                             f"the {self.epochs} epochs, leaving some for the cosine decay")
+        if self.privacy is not None and self.model.batch_norm:
+            raise ValueError("privacy needs per-example gradients, which batch_norm (mixing the examples "
+                             "of a batch) does not have; turn model.batch_norm off")
+        if self.precision == "bf16" and self.hardware == "cpu":
+            raise ValueError('precision "bf16" needs hardware gpu or tpu; on cpu use precision "fp32"')
+        if self.batch_size % self.devices:
+            raise ValueError(f"batch_size {self.batch_size} must be a multiple of devices ({self.devices}): "
+                             "each device takes an equal share of the global batch")
         return self
 
     @model_validator(mode="after")
@@ -133,7 +243,13 @@ class JobSpec(TrainingSpec):
                 "compile is not available for PyTorch on tpu: torch_xla compiles every step "
                 "already; leave compile false"
             )
+        if self.devices > 1 and self.framework == "pytorch":
+            raise ValueError(_NO_DDP)
         return self
+
+
+# Data parallel PyTorch (DDP, one process per device) is not built yet: refused, not run on one.
+_NO_DDP = "devices above 1 (data parallel) is available for framework jax only so far; use devices 1 for pytorch"
 
 
 class ComparisonSpec(TrainingSpec):
@@ -144,16 +260,40 @@ class ComparisonSpec(TrainingSpec):
     def _no_framework(cls, value: object) -> object:
         if isinstance(value, dict) and "framework" in value:
             raise ValueError("a comparison trains both frameworks: remove 'framework' from the spec")
+        if isinstance(value, dict) and value.get("devices", 1) != 1:
+            raise ValueError(_NO_DDP)
         return value
 
     def for_framework(self, framework: str) -> JobSpec:
         return JobSpec(framework=framework, **self.model_dump())
 
 
+def image_side(dataset: str) -> int:
+    """Side of the square one-channel image a cnn sees: 28 for MNIST-format data, 8 for digits."""
+    return math.isqrt(INPUT_FEATURES[dataset])
+
+
+def conv_output_side(spec: TrainingSpec) -> int:
+    """Side of the feature maps after the cnn's conv layers (each 2x2 pool floors half the side)."""
+    side = image_side(spec.dataset.name)
+    for _ in spec.model.channels:
+        side //= 2
+    return side
+
+
 def parameter_count(spec: TrainingSpec) -> int:
-    """Weights and biases of the MLP that `spec` trains."""
-    sizes = [INPUT_FEATURES[spec.dataset.name], *spec.model.hidden_sizes, NUM_CLASSES]
-    return sum(n_in * n_out + n_out for n_in, n_out in zip(sizes, sizes[1:]))
+    """Trainable weights and biases of the model `spec` trains (batch norm: scale and shift)."""
+    model = spec.model
+    count, features = 0, INPUT_FEATURES[spec.dataset.name]
+    if model.name == "cnn":
+        c_in = 1
+        for c_out in model.channels:
+            count += c_in * CONV_KERNEL * CONV_KERNEL * c_out + c_out + (2 * c_out if model.batch_norm else 0)
+            c_in = c_out
+        features = c_in * conv_output_side(spec) ** 2
+    sizes = [features, *model.hidden_sizes, NUM_CLASSES]
+    count += sum(n_in * n_out + n_out for n_in, n_out in zip(sizes, sizes[1:]))
+    return count + (2 * sum(model.hidden_sizes) if model.batch_norm else 0)
 
 
 def train_size(dataset: DatasetSpec) -> int:

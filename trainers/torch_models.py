@@ -1,4 +1,4 @@
-"""The MLP as a PyTorch `nn.Module`, and loading the framework-neutral weights into it.
+"""The MLP and CNN as PyTorch `nn.Module`s, and loading the framework-neutral weights into them.
 
 `self.layers` is an `nn.ModuleList`, so the state_dict names are `layers.0.weight` [out, in],
 `layers.0.bias` [out], ...: exactly the names and shapes of weights.safetensors.
@@ -9,49 +9,118 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.common import Weights, architecture, read_weights
+from trainers.common import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, Weights, describe, read_weights
+from trainers.spec import CONV_KERNEL, ModelSpec
 
 
 class MLP(nn.Module):
-    """x float32 [B, in_features] -> hidden_sizes (ReLU, then dropout) -> logits [B, num_classes]."""
+    """x float32 [B, in_features] -> hidden_sizes (ReLU, then dropout) -> logits [B, num_classes].
+
+    With `batch_norm`, `self.norms[i]` (BatchNorm1d) follows hidden layer i, before its ReLU.
+    """
 
     def __init__(
-        self, in_features: int, hidden_sizes: Sequence[int], num_classes: int, dropout: float = 0.0
+        self, in_features: int, hidden_sizes: Sequence[int], num_classes: int, dropout: float = 0.0,
+        batch_norm: bool = False,
     ) -> None:
         super().__init__()
         sizes = [in_features, *hidden_sizes, num_classes]
         self.layers = nn.ModuleList(
             nn.Linear(fan_in, fan_out) for fan_in, fan_out in zip(sizes[:-1], sizes[1:])
         )
+        if batch_norm:  # only then: the seeds' MLP keeps exactly its state_dict names
+            self.norms = nn.ModuleList(nn.BatchNorm1d(size, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM)
+                                       for size in hidden_sizes)
         # Dropout holds no weights, so one module serves every hidden layer and the
         # state_dict keeps only the layers' names.
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers[:-1]:
-            x = self.dropout(F.relu(layer(x)))
+        for i, layer in enumerate(self.layers[:-1]):
+            x = layer(x)
+            if hasattr(self, "norms"):
+                x = self.norms[i](x)
+            x = self.dropout(F.relu(x))
         return self.layers[-1](x)
 
 
-def from_weights(weights: Weights, dropout: float = 0.0) -> MLP:
-    """An MLP shaped after `weights` (PyTorch names, numpy arrays) and holding them, on the CPU."""
-    in_features, hidden_sizes, num_classes = architecture(weights)
-    model = MLP(in_features, hidden_sizes, num_classes, dropout)
-    model.load_state_dict({name: torch.tensor(np.asarray(value)) for name, value in weights.items()})
+class CNN(MLP):
+    """x float32 [B, side*side] -> [B, 1, side, side] -> per `channels`: 3x3 conv (padding 1),
+    [BatchNorm2d], ReLU, 2x2 max pool -> flattened (C, H, W) -> the MLP head -> logits [B, classes].
+
+    Conv weights are `convs.i.weight` [out, in, 3, 3] (OIHW), the head's `layers.i.*` as in MLP.
+    """
+
+    def __init__(
+        self, side: int, channels: Sequence[int], hidden_sizes: Sequence[int], num_classes: int,
+        dropout: float = 0.0, batch_norm: bool = False,
+    ) -> None:
+        out_side = side
+        for _ in channels:
+            out_side //= 2
+        super().__init__(channels[-1] * out_side * out_side, hidden_sizes, num_classes, dropout, batch_norm)
+        self.side = side
+        c_in = [1, *channels[:-1]]
+        self.convs = nn.ModuleList(nn.Conv2d(i, o, CONV_KERNEL, padding=CONV_KERNEL // 2) for i, o in zip(c_in, channels))
+        if batch_norm:
+            self.conv_norms = nn.ModuleList(nn.BatchNorm2d(c, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM)
+                                            for c in channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(len(x), 1, self.side, self.side)
+        for i, conv in enumerate(self.convs):
+            x = conv(x)
+            if hasattr(self, "conv_norms"):
+                x = self.conv_norms[i](x)
+            x = F.max_pool2d(F.relu(x), 2)
+        return super().forward(x.flatten(1))
+
+
+def build(model: ModelSpec, in_features: int, num_classes: int) -> MLP:
+    """The nn.Module `model` describes, for flat inputs of `in_features` (a cnn: a square image)."""
+    if model.name == "cnn":
+        return CNN(math.isqrt(in_features), model.channels, model.hidden_sizes, num_classes, model.dropout,
+                   model.batch_norm)
+    return MLP(in_features, model.hidden_sizes, num_classes, model.dropout, model.batch_norm)
+
+
+def from_weights(weights: Weights, dropout: float = 0.0, in_features: int | None = None) -> MLP:
+    """The model stored in `weights` (PyTorch names, numpy arrays), holding them, on the CPU.
+
+    A cnn's input size is not in its weights: `in_features` (default 784, a 28x28 image) says it.
+    """
+    info = describe(weights)
+    spec = ModelSpec.model_construct(name=info["name"], hidden_sizes=info["hidden_sizes"], dropout=dropout,
+                                     channels=info["channels"] or [1], batch_norm=info["batch_norm"])
+    model = build(spec, info["in_features"] or in_features or 784, info["num_classes"])
+    tensors = {name: torch.tensor(np.asarray(value)) for name, value in weights.items()}
+    # BatchNorm's num_batches_tracked counts steps only for momentum=None, which is not used here;
+    # weights.safetensors leaves it out, so it keeps its fresh value.
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected or any(not name.endswith("num_batches_tracked") for name in missing):
+        raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
     return model
 
 
-def load_weights(path: Path, dropout: float = 0.0) -> MLP:
+def weights_from_state_dict(model: nn.Module) -> Weights:
+    """numpy weights (PyTorch names) for weights.safetensors, without BatchNorm's step counters."""
+    return {name: tensor.detach().cpu().numpy() for name, tensor in model.state_dict().items()
+            if not name.endswith("num_batches_tracked")}
+
+
+def load_weights(path: Path, dropout: float = 0.0, in_features: int | None = None) -> MLP:
     """An MLP (on the CPU, in eval mode) from a weights.safetensors file written by either trainer.
 
     The architecture is read from the tensor shapes. Raises ValueError for other tensor names.
     """
-    return from_weights(read_weights(path), dropout).eval()
+    return from_weights(read_weights(path), dropout, in_features).eval()
 
 
 def evaluate(model: MLP, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray) -> tuple[float, float]:

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from trainers import torch_checkpoint
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop, check_finite
-from trainers.common import epoch_batches, fit_timings, init_params, write_common_artifacts
+from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop
+from trainers.common import (
+    epoch_batches, fit_timings, init_weights, learning_rate_at, summarize_epoch, write_common_artifacts,
+)
 from trainers.data import load_dataset
 from trainers.spec import JobSpec
-from trainers.torch_models import MLP, evaluate, from_weights
+from trainers.torch_models import MLP, evaluate, from_weights, weights_from_state_dict
 
 STOP_CHECK_STEPS = 50  # ask should_stop every this many steps, as the JAX trainer does per chunk
 STATE_DICT_FILE = "state_dict.pt"
@@ -44,24 +48,26 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     y_test = torch.tensor(data.y_test).to(device, torch.int64)
 
     # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
-    weights = init_params(data.in_features, spec.model.hidden_sizes, data.num_classes, spec.seed)
-    model = from_weights(weights, spec.model.dropout).to(device)
-    optimizer = _adam(model, spec.optimizer.learning_rate, device)
+    weights = init_weights(spec.model, data.in_features, data.num_classes, spec.seed)
+    model = from_weights(weights, spec.model.dropout, data.in_features).to(device)
     n, batch_size = len(data.x_train), spec.batch_size
     steps = n // batch_size
+    optimizer, scheduler = make_optimizer(spec, model, device, steps)
+    # bf16: params and optimizer state stay float32; autocast runs the forward in bfloat16.
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if spec.precision == "bf16" else nullcontext
     setup_s = time.perf_counter() - start
 
     # "compile": true: the step is compiled here, on one batch, so no epoch pays for it.
     train_model, compile_s, graphs_before = model, 0.0, _graphs_compiled
     if spec.compile:
         compile_start = time.perf_counter()
-        train_model = _compile(model, x_train, y_train, batch_size, spec, device)
+        train_model = _compile(model, x_train, y_train, batch_size, spec, device, autocast)
         compile_s = time.perf_counter() - compile_start
 
     # A job picked up again after its worker died goes on from its last finished epoch.
     metrics: list[EpochMetrics] = []
     first_step_loss = torch.full((), float("nan"), device=device)  # the parity check compares it
-    if resumed := torch_checkpoint.restore(workdir, model, optimizer):
+    if resumed := torch_checkpoint.restore(workdir, model, optimizer, scheduler):
         metrics, first_loss = resumed
         first_step_loss = torch.tensor(first_loss, device=device)
         for done in metrics:  # re-reported: the worker may have died before it stored them
@@ -71,6 +77,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         # Dropout masks from (seed, epoch), like the batch order, so a resumed run repeats them.
         torch.manual_seed(spec.seed * 100_003 + epoch)
         batches = torch.from_numpy(epoch_batches(spec.seed, epoch, n, batch_size)).to(device, torch.int64)
+        learning_rate = optimizer.param_groups[0]["lr"]  # the rate of the epoch's first step
         epoch_start = time.perf_counter()
         model.train()
         loss_sum = torch.zeros((), device=device)
@@ -80,10 +87,18 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
                 should_stop()
             x, y = x_train[idx], y_train[idx]
             optimizer.zero_grad(set_to_none=True)
-            logits = train_model(x)
-            loss = F.cross_entropy(logits, y)
-            loss.backward()
+            if spec.privacy is not None:
+                loss, logits = _private_gradients(model, x, y, spec.privacy.clip_norm, spec.privacy.noise_multiplier)
+            else:
+                with autocast():
+                    logits = train_model(x)
+                    loss = F.cross_entropy(logits, y)
+                loss.backward()
+            if spec.optimizer.clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.optimizer.clip_norm)
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()  # per optimizer step, as optax counts its schedules
             # Summed on the device: a .item() per step would wait for the device every step.
             loss_sum += loss.detach()
             if epoch == 1 and step == 0:
@@ -98,25 +113,19 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         test_loss, test_accuracy = evaluate(model, x_test, y_test)
         eval_time_s = time.perf_counter() - eval_start
 
-        epoch_metrics = EpochMetrics(
-            epoch=epoch,
-            train_loss=train_loss / steps,
-            train_accuracy=train_correct / (steps * batch_size),
-            test_loss=test_loss,
-            test_accuracy=test_accuracy,
-            epoch_time_s=epoch_time_s,
-            eval_time_s=eval_time_s,
-            samples_per_s=steps * batch_size / epoch_time_s,
+        epoch_metrics = summarize_epoch(
+            epoch, loss_sum=train_loss, correct=train_correct, steps=steps, batch_size=batch_size, test_loss=test_loss,
+            test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
+            learning_rate=learning_rate,
         )
-        check_finite(epoch_metrics)
         metrics.append(epoch_metrics)
         checkpoint_start = time.perf_counter()
-        torch_checkpoint.save(workdir, epoch, model, optimizer, metrics, first_step_loss.item())
+        torch_checkpoint.save(workdir, epoch, model, optimizer, metrics, first_step_loss.item(), scheduler)
         checkpoint_s += time.perf_counter() - checkpoint_start
         report(epoch, epoch_metrics)
 
     state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
-    weights = {name: tensor.numpy() for name, tensor in state_dict.items()}
+    weights = weights_from_state_dict(model)
     artifacts = write_common_artifacts(workdir, weights, metrics, spec)
     torch.save(state_dict, workdir / STATE_DICT_FILE)  # plain tensors: loads with weights_only=True
     return FitResult(
@@ -135,7 +144,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
 
 def _compile(
     model: MLP, x_train: torch.Tensor, y_train: torch.Tensor, batch_size: int, spec: JobSpec,
-    device: torch.device,
+    device: torch.device, autocast=nullcontext,
 ) -> torch.nn.Module:
     """`model` compiled with torch.compile (TorchInductor), its forward and backward built now.
 
@@ -144,25 +153,28 @@ def _compile(
     here (grads discarded, the optimizer untouched, the RNG restored: the run trains exactly as
     if this never happened) and the caller's clock puts that time in compile_s. Shapes are
     static (dynamic=False): every step has the same [batch_size, features] batch, since
-    epoch_batches drops the partial last batch. Evaluation keeps using the eager `model`, so
+    epoch_batches drops the partial last batch. The pass runs under the training steps'
+    `autocast` context, which dynamo guards on. Evaluation keeps using the eager `model`, so
     model.eval() never triggers a second compilation. The returned module shares `model`'s
     parameters.
     """
-    _count_compilations()
     # Dynamo keeps the steps compiled in this process, so a later job with the same model and
     # batch shape reuses its step; but after recompile_limit different ones it would quietly
     # fall back to eager for good. Start afresh before that happens.
-    key = (tuple(spec.model.hidden_sizes), spec.model.dropout, tuple(x_train.shape[1:]), batch_size, str(device))
+    key = (spec.model.model_dump_json(), spec.precision, tuple(x_train.shape[1:]), batch_size, str(device))
     if key not in _compiled_steps and len(_compiled_steps) >= torch._dynamo.config.recompile_limit - 1:
         torch.compiler.reset()
         _compiled_steps.clear()
     _compiled_steps.add(key)
+    _count_compilations()  # after any reset, which drops dynamo's callbacks
 
     compiled = torch.compile(model, dynamic=False)
     idx = torch.arange(batch_size, device=device)
     model.train()
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        F.cross_entropy(compiled(x_train[idx]), y_train[idx]).backward()
+        with autocast():
+            loss = F.cross_entropy(compiled(x_train[idx]), y_train[idx])
+        loss.backward()
     model.zero_grad(set_to_none=True)
     _wait_for(device)
     return compiled
@@ -170,24 +182,24 @@ def _compile(
 
 _compiled_steps: set[tuple] = set()  # the steps torch.compile holds for this process, by shape
 _graphs_compiled = 0  # graphs torch.compile (dynamo) traced and compiled in this process
-_counting = False
+
+
+def _count_graph(args) -> None:
+    global _graphs_compiled
+    from torch._dynamo.callback import CallbackTrigger
+
+    if args.callback_trigger == CallbackTrigger.DYNAMO:  # not the lazily compiled backward of one
+        _graphs_compiled += 1
 
 
 def _count_compilations() -> None:
-    """Count each new graph dynamo compiles (not the lazily compiled backward of one)."""
-    global _counting
-    if _counting:
-        return
+    """Have dynamo call _count_graph for each compilation it starts (torch.compiler.reset()
+    unregisters it, so this is called before every compile)."""
     # Imported on first use: torch._dynamo is heavy, and eager jobs never need it.
-    from torch._dynamo.callback import CallbackTrigger, callback_handler
+    from torch._dynamo.callback import callback_handler
 
-    def count(args) -> None:
-        global _graphs_compiled
-        if args.callback_trigger == CallbackTrigger.DYNAMO:
-            _graphs_compiled += 1
-
-    callback_handler.register_start_callback(count)
-    _counting = True
+    if _count_graph not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_count_graph)
 
 
 def _device_for(hardware: str) -> torch.device:
@@ -203,6 +215,58 @@ def _device_for(hardware: str) -> torch.device:
     except ImportError as error:
         raise HardwareMismatch("tpu", "cpu", "torch (torch_xla is not installed)") from error
     return xm.xla_device()
+
+
+def make_optimizer(spec: JobSpec, model: torch.nn.Module, device: torch.device, steps_per_epoch: int):
+    """(torch.optim optimizer, LambdaLR scheduler or None) for spec.optimizer.
+
+    The scheduler is stepped after every optimizer step, with the factor of
+    common.learning_rate_at, so the rate changes per step exactly as optax's schedules do. The
+    seeds' default (Adam, constant rate) is the fused Adam it always was, with no scheduler.
+    Clipping (clip_grad_norm_) is done by the loop, before optimizer.step().
+    """
+    opt = spec.optimizer
+    if opt.name == "adam" and not opt.weight_decay:
+        optimizer = _adam(model, opt.learning_rate, device)
+    else:
+        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[opt.name]
+        extra = {"momentum": opt.momentum, "nesterov": opt.nesterov} if opt.name == "sgd" else {}
+        optimizer = cls(model.parameters(), lr=opt.learning_rate, weight_decay=opt.weight_decay, **extra)
+    if opt.schedule == "constant":
+        return optimizer, None
+    factor = partial(_schedule_factor, opt, steps_per_epoch, spec.epochs)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _schedule_factor(opt, steps_per_epoch: int, epochs: int, step: int) -> float:
+    return learning_rate_at(opt, step, steps_per_epoch, epochs) / opt.learning_rate
+
+
+def _private_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float,
+                       noise_multiplier: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DP-SGD gradients into each parameter's .grad: per-example gradients (torch.func.vmap of
+    torch.func.grad), each clipped to L2 norm clip_norm, summed, plus N(0, (noise_multiplier *
+    clip_norm)^2) per coordinate, divided by the batch size. Returns (mean loss, logits)."""
+    from torch.func import functional_call, grad, vmap
+
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    buffers = dict(model.named_buffers())
+
+    def example_loss(params, x1, y1):
+        logits = functional_call(model, (params, buffers), (x1[None],))
+        loss = F.cross_entropy(logits, y1[None])
+        return loss, (loss.detach(), logits.detach()[0])
+
+    grads, (losses, logits) = vmap(grad(example_loss, has_aux=True), in_dims=(None, 0, 0), randomness="different")(
+        params, x, y
+    )
+    batch = len(x)
+    norms = torch.sqrt(sum(g.reshape(batch, -1).pow(2).sum(dim=1) for g in grads.values()))
+    factors = 1.0 / torch.clamp(norms / clip_norm, min=1.0)  # clip(g) = g * min(1, C / |g|)
+    for name, p in model.named_parameters():
+        summed = torch.tensordot(factors, grads[name], dims=1)
+        p.grad = (summed + noise_multiplier * clip_norm * torch.randn_like(summed)) / batch
+    return losses.mean(), logits
 
 
 def _adam(model: MLP, learning_rate: float, device: torch.device) -> torch.optim.Adam:

@@ -1,0 +1,432 @@
+"""`python -m bench` (`make bench`): trainhub's trainers and service against the seeds' loops.
+
+One run measures, on the same data and machine, in turns:
+
+1. the machine: the fp32 matmul rate (GFLOP/s, best of torch and JAX, probed before, between
+   and after the loops), the MLP's FLOPs per epoch and the resulting floor (seconds per epoch
+   if every FLOP ran at that rate);
+2. the training loops, each in a fresh process, round after round (the order reversed every
+   other round, so a drift in the machine's load does not favour one): the seeds' JAX and
+   PyTorch loops as written (and the PyTorch one over a TensorDataset, for reference), and
+   trainhub's JAX trainer and PyTorch trainer (eager and with "compile": true) called
+   directly with `trainers.fit`;
+3. cost against size: the trainers on synthetic data of N and 4N samples;
+4. the service: uvicorn and a cpu worker over PostgreSQL and Redis; identical jobs run cold
+   then warm (submit-to-succeeded minus the job's setup_s + train_s; the JAX compilation
+   cache), then consecutive jobs while the worker's resident memory is read;
+5. the API under load from a second process: POST /jobs flat out, then GET /jobs/{id} at a
+   steady rate; every accepted job must be stored and queued exactly once.
+
+It prints the tables and a PASS/FAIL line per target of issue 3, and writes bench/results.json.
+`--quick` runs every part at toy sizes (under a minute): a smoke test of the code, not a
+measurement. The service parts use their own database and Redis db (see --database-url,
+--redis-url) and are skipped, saying why, when those are unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench import report
+from bench.procs import die_with_parent
+from bench.loops import CNN_LOOPS, ISSUE_LOOPS, RESULT_PREFIX, steady
+
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
+
+# The seeds' MLP: 784-256-128-10.
+LAYERS = [784, 256, 128, 10]
+
+
+@dataclass
+class Config:
+    """What one bench run does; `quick()` shrinks every part to a smoke test."""
+
+    epochs: int = 10             # the seeds train for 10 epochs
+    rounds: int = 2
+    dataset: str = "fashion-mnist"
+    train_limit: int | None = None
+    test_limit: int | None = None
+    linear_n: int = 20000        # synthetic samples; the large run has 4x
+    linear_epochs: int = 4
+    service_epochs: int = 3
+    service_train_limit: int | None = None
+    rss_jobs: int = 20
+    rss_train_limit: int = 12800
+    api_post_s: float = 10.0
+    api_get_s: float = 10.0
+    api_get_rate: float = 200.0
+    api_concurrency: int = 16
+    matmul_sizes: str = "2048,3072"
+    loops: tuple[str, ...] = ISSUE_LOOPS
+    one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process
+
+    @classmethod
+    def quick(cls) -> "Config":
+        return cls(epochs=2, rounds=1, train_limit=1280, test_limit=500, linear_n=1024, linear_epochs=2,
+                   service_epochs=1, service_train_limit=1280, rss_jobs=3, rss_train_limit=1280,
+                   api_post_s=1.0, api_get_s=1.0, api_get_rate=50.0, api_concurrency=4,
+                   matmul_sizes="256,512", one_process=True)
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run_loops(names: list[str], args: list[str], env: dict[str, str], timeout_s: float = 900) -> dict[str, dict]:
+    """Run `python -m bench.loops NAMES ARGS` in a fresh process; {loop name: result}."""
+    command = [sys.executable, "-m", "bench.loops", ",".join(names), *args]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s,
+                         preexec_fn=die_with_parent)
+    results = {}
+    for line in out.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX):])
+            results[result.pop("loop")] = result
+    if out.returncode != 0 or set(results) != set(names):
+        raise RuntimeError(f"{' '.join(command[2:])} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return results
+
+
+def model_flops_per_epoch(samples: int) -> dict:
+    """FLOPs of one epoch of the MLP, forward and backward.
+
+    `flops` follows the usual 6 x multiply-adds x samples (2 forward, 4 backward: the gradients
+    of the weights and of the inputs of each layer), the convention of the issue's 85 GFLOP.
+    `flops_needed` leaves out the input gradient of the first layer, which nothing uses and
+    both trainers skip; the floor uses `flops`, as the issue does.
+    """
+    macs = sum(a * b for a, b in zip(LAYERS[:-1], LAYERS[1:]))
+    return {"macs_per_sample": macs, "samples": samples, "flops": 6 * macs * samples,
+            "flops_needed": (6 * macs - 2 * LAYERS[0] * LAYERS[1]) * samples}
+
+
+def summarize_loop(rounds: list[dict]) -> dict:
+    """A loop's figures over its rounds.
+
+    steady_s: the median of epochs 2..n (what a job reports as steady_epoch_s), from the best
+    round: other processes on a shared machine only ever add time, so the best round is the
+    one least disturbed. first_epoch_s: the best round's too. test_accuracy: the final one.
+    """
+    per_round = [steady(r["epoch_times"]) for r in rounds]
+    compile_s = [r["compile_s"] for r in rounds if r.get("compile_s") is not None]
+    return {
+        "steady_s": min(per_round),
+        "steady_by_round": per_round,
+        "first_epoch_s": min(r["epoch_times"][0] for r in rounds),
+        "test_accuracy": rounds[0]["test_accuracy"][-1],
+        "test_accuracy_by_round": [r["test_accuracy"][-1] for r in rounds],
+        "compile_s": min(compile_s) if compile_s else None,
+        "compilations": rounds[0].get("compilations"),
+        "rounds": rounds,
+    }
+
+
+LINEAR_LOOPS = {"jax_trainer": "jax", "torch_trainer": "pytorch"}
+
+
+def loop_args(config: Config) -> list[str]:
+    args = ["--epochs", str(config.epochs), "--dataset", config.dataset, "--linear-epochs", str(config.linear_epochs),
+            "--matmul-sizes", config.matmul_sizes]
+    if config.train_limit:
+        args += ["--train-limit", str(config.train_limit)]
+    if config.test_limit:
+        args += ["--test-limit", str(config.test_limit)]
+    return args
+
+
+def linear_name(loop: str, n: int) -> str:
+    return f"{loop}@synthetic:{n}"
+
+
+def measure_all_in_one_process(config: Config, env: dict[str, str]) -> dict[str, dict]:
+    """--quick: the matmul probe, one round of the loops and the linearity runs in one process."""
+    sizes = (config.linear_n, 4 * config.linear_n)
+    names = ["matmul", *config.loops, *(linear_name(loop, n) for loop in LINEAR_LOOPS for n in sizes)]
+    log(f"one process: {', '.join(names)}")
+    return run_loops(names, loop_args(config), env)
+
+
+def measure_loops(config: Config, env: dict[str, str], done: dict[str, dict] | None = None) -> dict:
+    """Each loop `config.rounds` times, one process per loop and round (`done`: a first round
+    already run), the order reversed every other round."""
+    by_loop: dict[str, list[dict]] = {name: [] for name in config.loops}
+    first_round = 0
+    if done:
+        for name in config.loops:
+            by_loop[name].append(done[name])
+        first_round = 1
+    for r in range(first_round, config.rounds):
+        order = list(config.loops) if r % 2 == 0 else list(reversed(config.loops))
+        for name in order:
+            log(f"round {r + 1}/{config.rounds}: {name} ({config.epochs} epochs)")
+            result = run_loops([name], loop_args(config), env)[name]
+            by_loop[name].append(result)
+            log(f"  epochs {[round(t, 3) for t in result['epoch_times']]}, accuracy {result['test_accuracy'][-1]:.4f}")
+    return {name: summarize_loop(rounds) for name, rounds in by_loop.items()}
+
+
+def measure_linearity(config: Config, env: dict[str, str], done: dict[str, dict] | None = None) -> dict:
+    """Steady s/epoch of each trainer on N and 4N synthetic samples (a process each, the sizes
+    alternating, best of `config.rounds` runs per size), and their ratio."""
+    sizes = (config.linear_n, 4 * config.linear_n)
+    runs: dict[str, dict[int, list[float]]] = {loop: {n: [] for n in sizes} for loop in LINEAR_LOOPS}
+    if done:
+        for loop in LINEAR_LOOPS:
+            for n in sizes:
+                runs[loop][n].append(steady(done[linear_name(loop, n)]["epoch_times"]))
+    else:
+        for r in range(config.rounds):
+            for n in (sizes if r % 2 == 0 else sizes[::-1]):
+                for loop in LINEAR_LOOPS:
+                    log(f"linearity {r + 1}/{config.rounds}: {loop} on {n} synthetic samples "
+                        f"({config.linear_epochs} epochs)")
+                    name = linear_name(loop, n)
+                    runs[loop][n].append(steady(run_loops([name], loop_args(config), env)[name]["epoch_times"]))
+    out = {}
+    for loop, label in LINEAR_LOOPS.items():
+        small, large = min(runs[loop][sizes[0]]), min(runs[loop][sizes[1]])
+        out[label] = {"small_n": sizes[0], "large_n": sizes[1], "small_s": small, "large_s": large,
+                      "ratio": large / small, "runs": {str(n): runs[loop][n] for n in sizes}}
+    return out
+
+
+def service_spec(framework: str, config: Config, epochs: int, train_limit: int | None, compile: bool = False) -> dict:
+    spec = {"framework": framework, "epochs": epochs, "labels": {"bench": "service"},
+            "dataset": {"name": config.dataset, "train_limit": train_limit, "test_limit": config.test_limit},
+            "model": {"hidden_sizes": [256, 128], "dropout": 0.0 if framework == "jax" else 0.2}}
+    if compile:
+        spec["compile"] = True
+    return spec
+
+
+def breakdown(job: dict) -> str:
+    """Where a job's overhead went: its own timings, and the rest (HTTP, queue hops, DB, artifacts)."""
+    t = job["timings"]
+    parts = {"queue_wait": t.get("queue_wait_s", 0.0), "compile": t.get("compile_s", 0.0),
+             "eval": t.get("eval_s", 0.0), "checkpoint": t.get("checkpoint_s", 0.0)}
+    rest = job["overhead_s"] - sum(parts.values())
+    return "overhead = " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + f", other {rest:.3f} s"
+
+
+def measure_service(config: Config, database_url: str, redis_url: str, root: Path) -> tuple[dict, dict]:
+    """(service results, api results) through the real processes. A part that fails is
+    recorded as skipped with its error (the API part still runs after failed jobs), so the
+    rest of the run is still reported."""
+    from bench.service import Service
+
+    service = Service(database_url, redis_url, root)
+    log("service: starting uvicorn and a cpu worker")
+    service_out: dict = {"jobs": []}
+    try:
+        try:
+            service.start()
+        except Exception as exc:
+            message = f"the service did not start: {type(exc).__name__}: {exc}"
+            log(message)
+            return {"skipped": message}, {"skipped": message}
+        try:
+            measure_jobs(config, service, service_out)
+        except Exception as exc:
+            service_out["skipped"] = f"service jobs failed: {type(exc).__name__}: {exc}"
+            log(service_out["skipped"])
+        try:
+            api_out = measure_api(config, service, database_url, redis_url)
+        except Exception as exc:
+            api_out = {"skipped": f"API load failed: {type(exc).__name__}: {exc}"}
+            log(api_out["skipped"])
+    finally:
+        service.stop()
+    return service_out, api_out
+
+
+def measure_jobs(config: Config, service, service_out: dict) -> None:
+    """Each job kind cold then warm, then `config.rss_jobs` consecutive jobs with VmRSS read."""
+    from bench.service import job_series, run_job, vm_rss_bytes
+
+    with service.client() as client:
+        sequence = [
+            ("jax, cold", "jax", False), ("jax, warm", "jax", False),
+            ("pytorch, cold", "pytorch", False), ("pytorch, warm", "pytorch", False),
+            ("pytorch+compile, cold", "pytorch", True), ("pytorch+compile, warm", "pytorch", True),
+        ]
+        jobs = {}
+        for label, framework, compile in sequence:
+            log(f"service: job {label}")
+            job = run_job(client, service_spec(framework, config, config.service_epochs,
+                                               config.service_train_limit, compile))
+            if job["status"] != "succeeded":
+                raise RuntimeError(f"service job {label} ended {job['status']}: {job['error']}")
+            job["label"] = label
+            job["rss_bytes"] = vm_rss_bytes(service.worker.pid)
+            job["breakdown"] = breakdown(job)
+            jobs[label] = job
+            service_out["jobs"].append(job)
+        service_out["warm_jobs"] = {kind: jobs[f"{kind}, warm"] for kind in ("jax", "pytorch", "pytorch+compile")}
+        service_out["compile_cache"] = {"first_compile_s": jobs["jax, cold"]["timings"]["compile_s"],
+                                        "second_compile_s": jobs["jax, warm"]["timings"]["compile_s"]}
+
+        kinds = [("jax", False), ("pytorch", False), ("pytorch", True)]
+        specs = [service_spec(kinds[i % 3][0], config, 1, config.rss_train_limit, kinds[i % 3][1])
+                 for i in range(config.rss_jobs)]
+        log(f"service: {len(specs)} consecutive jobs (jax, pytorch, pytorch+compile in turn), reading VmRSS")
+        series = job_series(service, client, specs)
+        failed = [j for j in series if j["status"] != "succeeded"]
+        if failed:
+            raise RuntimeError(f"{len(failed)} of the consecutive jobs did not succeed: {failed[0]['error']}")
+        service_out["rss"] = {
+            "jobs": len(series),
+            "first_bytes": series[0]["rss_bytes"],
+            "last_bytes": series[-1]["rss_bytes"],
+            "max_bytes": max(j["rss_bytes"] for j in series),
+            "by_job_mib": [round(j["rss_bytes"] / 2**20, 1) for j in series],
+            "worker_first_job_bytes": service_out["jobs"][0]["rss_bytes"],
+            "note": "the series follows the six jobs above, so the worker had run each kind once already; "
+                    f"RSS after the worker's very first job was "
+                    f"{service_out['jobs'][0]['rss_bytes'] / 2**20:.0f} MiB",
+        }
+
+
+def measure_api(config: Config, service, database_url: str, redis_url: str) -> dict:
+    from bench import api
+    from bench.service import QUOTAS
+
+    reconciled = service.wait_reconciled()
+    log(f"api: POST /jobs for {config.api_post_s:g} s, then GET /jobs/{{id}} at {config.api_get_rate:g}/s "
+        f"for {config.api_get_s:g} s, from a second process")
+    api_out = api.measure(service.url, service.key, database_url, redis_url, config.api_post_s,
+                          config.api_get_s, config.api_get_rate, config.api_concurrency)
+    api_out["quotas"] = QUOTAS
+    api_out["reconciler_settled"] = reconciled
+    return api_out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every part at toy sizes: a smoke test, not a measurement")
+    parser.add_argument("--epochs", type=int, help="epochs per training loop (default 10; quick 2)")
+    parser.add_argument("--rounds", type=int, help="rounds of the five loops (default 2; quick 1)")
+    parser.add_argument("--database-url", default=os.environ.get("TRAINHUB_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
+                        help="PostgreSQL for the service parts (env TRAINHUB_BENCH_DATABASE_URL)")
+    parser.add_argument("--redis-url", default=os.environ.get("TRAINHUB_BENCH_REDIS_URL", DEFAULT_REDIS_URL),
+                        help="Redis for the service parts (env TRAINHUB_BENCH_REDIS_URL)")
+    parser.add_argument("--skip-service", action="store_true", help="skip the service and API parts")
+    parser.add_argument("--cnn", action="store_true", help="also time both trainers on the CNN (slow: tens of "
+                                                           "seconds an epoch on 2 cores)")
+    parser.add_argument("--out", type=Path, default=None, help=f"results file (default {DEFAULT_OUT}; quick: none "
+                                                               "unless given)")
+    args = parser.parse_args(argv)
+
+    config = Config.quick() if args.quick else Config()
+    if args.epochs:
+        config.epochs = args.epochs
+    if args.rounds:
+        config.rounds = args.rounds
+    if args.cnn:
+        config.loops = ISSUE_LOOPS + CNN_LOOPS
+    out_path = args.out or (None if args.quick else DEFAULT_OUT)
+    started = time.perf_counter()
+    results: dict = {
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "config": asdict(config),
+        "host": {"cpus": len(os.sched_getaffinity(0)), "machine": platform.machine(),
+                 "python": platform.python_version(), "load_avg_at_start": os.getloadavg()},
+    }
+
+    with tempfile.TemporaryDirectory(prefix="trainhub-bench-") as tmp:
+        root = Path(tmp)
+        # The direct trainer runs get a fresh JAX compilation cache of their own, as a new worker would.
+        env = {**os.environ, "TRAINHUB_COMPILE_CACHE_DIR": str(root / "jax-cache-direct")}
+
+        # The matmul rate is probed before, between and after the loops: the machine's limit is
+        # the best of the probes, as the loops' figures are the best of their rounds.
+        def probe(when: str) -> dict:
+            log(f"machine: matmul rate ({when})")
+            return {"when": when, **run_loops(["matmul"], loop_args(config), env)["matmul"]}
+
+        done = measure_all_in_one_process(config, env) if config.one_process else None
+        probes = [{"when": "with the loops", **done["matmul"]}] if done else [probe("before the loops")]
+        results["loops"] = measure_loops(config, env, done)
+        if not done:
+            probes.append(probe("after the loops"))
+        results["linearity"] = measure_linearity(config, env, done)
+        if not done:
+            probes.append(probe("after the linearity runs"))
+        best = max(probes, key=lambda p: p["gflops"])
+        samples = (config.train_limit or 60000) if config.dataset in ("fashion-mnist", "mnist") else config.train_limit
+        flops = model_flops_per_epoch(samples)
+        results["machine"] = {"matmul_gflops": best["gflops"], "matmul_by_framework": best["by_framework"],
+                              "probes": probes}
+        results["floor"] = {**flops, "floor_s": flops["flops"] / (best["gflops"] * 1e9),
+                            "floor_needed_s": flops["flops_needed"] / (best["gflops"] * 1e9)}
+
+        if args.skip_service:
+            results["service"] = {"skipped": "--skip-service"}
+            results["api"] = {"skipped": "--skip-service"}
+        else:
+            from bench.service import check_reachable
+
+            why = check_reachable(args.database_url, args.redis_url)
+            if why:
+                message = f"service and API parts skipped: {why}"
+                log(message)
+                results["service"] = {"skipped": message}
+                results["api"] = {"skipped": message}
+            else:
+                results["service"], results["api"] = measure_service(
+                    config, args.database_url, args.redis_url, root / "service")
+                results["service"]["database_url"] = args.database_url
+                results["service"]["redis_url"] = args.redis_url
+
+    verdicts = report.criteria(results)
+    results["criteria"] = [c.to_dict() for c in verdicts]
+    results["duration_s"] = time.perf_counter() - started
+    results["host"]["load_avg_at_end"] = os.getloadavg()
+
+    lines = [
+        "",
+        f"trainhub bench{' --quick (toy sizes: not a measurement)' if args.quick else ''}: "
+        f"{config.dataset}, 784-256-128-10, Adam 1e-3, batch 128, {config.epochs} epochs x {config.rounds} round(s); "
+        f"{results['host']['cpus']} CPUs, load average {results['host']['load_avg_at_start'][0]:.1f} at start",
+        f"matmul {results['machine']['matmul_gflops']:.0f} GFLOP/s (fp32, best of torch and JAX, of "
+        f"{len(results['machine']['probes'])} probe(s)); "
+        f"model {results['floor']['flops'] / 1e9:.1f} GFLOP/epoch (6 x MACs x {results['floor']['samples']} samples; "
+        f"{results['floor']['flops_needed'] / 1e9:.1f} without the unused input gradient); "
+        f"floor {results['floor']['floor_s']:.3f} s/epoch",
+        "steady s = median of epochs 2..n (a job's steady_epoch_s), best of the rounds; "
+        "the seeds compile inside their first epoch, the trainers before it (compile s)",
+        "",
+        *report.loop_table(results),
+        "",
+    ]
+    service_lines = report.service_table(results)
+    if service_lines:
+        lines += [*service_lines, ""]
+    lines += report.criteria_lines(verdicts)
+    passed = sum(c.passed is True for c in verdicts)
+    failed = sum(c.passed is False for c in verdicts)
+    skipped = sum(c.passed is None for c in verdicts)
+    lines.append(f"\n{passed} passed, {failed} failed, {skipped} not measured; {results['duration_s']:.0f} s")
+    print("\n".join(lines), flush=True)
+
+    if out_path:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The verdicts of issue 3 and the printed tables, from the measurements in results.json."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# The targets, as issue 3 states them.
+JAX_VS_SEED = 0.6          # JAX trainer steady epoch <= 0.6 x the seeds' JAX loop
+JAX_VS_FLOOR = 1.2         # ... and within 1.2 x the floor
+TORCH_EAGER_VS_SEED = 0.85  # PyTorch trainer, eager, <= 0.85 x the seeds' PyTorch loop
+TORCH_COMPILE_VS_SEED = 0.5  # ... with "compile": true, <= 0.5 x
+ACCURACY_TOLERANCE = 0.01  # same final test accuracy as the seed loop to within 0.01
+SERVICE_OVERHEAD_S = 1.0   # submit-to-succeeded minus setup_s + train_s, warm worker
+COMPILE_CACHE_FRACTION = 0.25  # second identical JAX job's compile_s <= 25% of the first's
+LINEAR_FACTOR, LINEAR_TOLERANCE = 4.0, 0.10  # 4 x the samples costs 4 x (+-10%) per epoch
+RSS_TOLERANCE = 0.10       # worker RSS after 20 jobs within 10% of after the first
+POST_RATE = 150.0          # accepted POST /jobs per second, for 10 s
+GET_RATE, GET_P99_MS = 200.0, 25.0  # GET /jobs/{id} offered at 200/s: p99 <= 25 ms
+
+# The seed each trainer loop is held against.
+SEED_OF = {"jax_trainer": "jax_seed", "torch_trainer": "torch_seed", "torch_compile": "torch_seed",
+           "torch_seed_tensor": "torch_seed"}
+LOOP_TITLES = {
+    "jax_seed": "seeds' JAX loop (jit step, Python loop)",
+    "jax_trainer": "trainhub JAX trainer (scan, AOT)",
+    "torch_seed": "seeds' PyTorch loop (DataLoader)",
+    "torch_seed_tensor": "  same, over a TensorDataset (ref.)",
+    "torch_trainer": "trainhub PyTorch trainer, eager",
+    "torch_compile": "trainhub PyTorch trainer, compile",
+    "jax_cnn": "CNN: trainhub JAX trainer (x floor: MLP's)",
+    "torch_cnn": "CNN: trainhub PyTorch trainer, eager",
+}
+
+
+@dataclass
+class Criterion:
+    """One target of the issue: passed is True/False, or None when it could not be measured."""
+
+    name: str
+    target: str
+    measured: str
+    passed: bool | None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def criteria(results: dict) -> list[Criterion]:
+    """Judge every target from `results`; a target whose part was skipped has passed=None."""
+    out: list[Criterion] = []
+    loops = results.get("loops", {})
+    floor_s = results.get("floor", {}).get("floor_s")
+
+    def steady(name: str) -> float | None:
+        return loops.get(name, {}).get("steady_s")
+
+    def ratio_criterion(name: str, limit: float, label: str) -> None:
+        mine, seed = steady(name), steady(SEED_OF[name])
+        if mine is None or seed is None:
+            out.append(Criterion(label, f"<= {limit} x seed", "not measured", None))
+            return
+        ratio = mine / seed
+        note = ""
+        reference = steady("torch_seed_tensor") if SEED_OF[name] == "torch_seed" else None
+        if reference:
+            note = (f"against the seed's loop over a TensorDataset instead ({reference:.3f} s): "
+                    f"{mine / reference:.2f} x")
+        out.append(Criterion(label, f"<= {limit} x seed", f"{mine:.3f} s vs {seed:.3f} s = {ratio:.2f} x",
+                             ratio <= limit, note))
+
+    ratio_criterion("jax_trainer", JAX_VS_SEED, "JAX trainer steady epoch vs seeds' JAX loop")
+    mine = steady("jax_trainer")
+    if mine is not None and floor_s:
+        out.append(Criterion("JAX trainer steady epoch vs floor", f"<= {JAX_VS_FLOOR} x floor",
+                             f"{mine:.3f} s vs floor {floor_s:.3f} s = {mine / floor_s:.2f} x",
+                             mine / floor_s <= JAX_VS_FLOOR))
+    else:
+        out.append(Criterion("JAX trainer steady epoch vs floor", f"<= {JAX_VS_FLOOR} x floor", "not measured", None))
+    ratio_criterion("torch_trainer", TORCH_EAGER_VS_SEED, "PyTorch trainer (eager) steady epoch vs seed")
+    ratio_criterion("torch_compile", TORCH_COMPILE_VS_SEED, "PyTorch trainer (compile) steady epoch vs seed")
+
+    for name in ("jax_trainer", "torch_trainer", "torch_compile"):
+        mine, seed = loops.get(name, {}).get("test_accuracy"), loops.get(SEED_OF[name], {}).get("test_accuracy")
+        label = f"final test accuracy, {LOOP_TITLES[name].removeprefix('trainhub ')} vs seed"
+        if mine is None or seed is None:
+            out.append(Criterion(label, f"|diff| <= {ACCURACY_TOLERANCE}", "not measured", None))
+        else:
+            out.append(Criterion(label, f"|diff| <= {ACCURACY_TOLERANCE}",
+                                 f"{mine:.4f} vs {seed:.4f} (diff {mine - seed:+.4f})",
+                                 abs(mine - seed) <= ACCURACY_TOLERANCE))
+
+    service = results.get("service", {})
+    warm = service.get("warm_jobs", {})
+    if warm:
+        for kind, job in warm.items():
+            overhead = job.get("overhead_s")
+            out.append(Criterion(
+                f"service overhead, warm worker, {kind} job", f"<= {SERVICE_OVERHEAD_S} s",
+                "job failed" if overhead is None else
+                f"{job['submit_to_done_s']:.3f} s submit-to-succeeded - {job['timings']['setup_s']:.3f} setup_s "
+                f"- {job['timings']['train_s']:.3f} train_s = {overhead:.3f} s",
+                None if overhead is None else overhead <= SERVICE_OVERHEAD_S,
+                note=job.get("breakdown", ""),
+            ))
+    else:
+        out.append(Criterion("service overhead, warm worker", f"<= {SERVICE_OVERHEAD_S} s", "not measured", None,
+                             note=service.get("skipped", "")))
+    cache = service.get("compile_cache")
+    if cache:
+        first, second = cache["first_compile_s"], cache["second_compile_s"]
+        out.append(Criterion("second identical JAX job's compile_s", f"<= {COMPILE_CACHE_FRACTION:.0%} of the first's",
+                             f"{second:.3f} s vs {first:.3f} s = {second / first:.0%}",
+                             second <= COMPILE_CACHE_FRACTION * first))
+    else:
+        out.append(Criterion("second identical JAX job's compile_s", f"<= {COMPILE_CACHE_FRACTION:.0%} of the first's",
+                             "not measured", None, note=service.get("skipped", "")))
+
+    for framework, lin in results.get("linearity", {}).items():
+        ratio = lin.get("ratio")
+        low, high = LINEAR_FACTOR * (1 - LINEAR_TOLERANCE), LINEAR_FACTOR * (1 + LINEAR_TOLERANCE)
+        out.append(Criterion(
+            f"cost linear in samples, {framework}", f"{LINEAR_FACTOR:g} x samples -> {low:.1f}..{high:.1f} x per epoch",
+            "not measured" if ratio is None else
+            f"{lin['small_s']:.3f} s ({lin['small_n']}) -> {lin['large_s']:.3f} s ({lin['large_n']}) = {ratio:.2f} x",
+            None if ratio is None else low <= ratio <= high))
+
+    rss = service.get("rss")
+    if rss:
+        growth = rss["last_bytes"] / rss["first_bytes"] - 1
+        out.append(Criterion(
+            f"worker RSS after {rss['jobs']} consecutive jobs", f"within {RSS_TOLERANCE:.0%} of after the first",
+            f"{rss['first_bytes'] / 2**20:.0f} MiB -> {rss['last_bytes'] / 2**20:.0f} MiB ({growth:+.1%})",
+            abs(growth) <= RSS_TOLERANCE, note=rss.get("note", "")))
+    else:
+        out.append(Criterion("worker RSS after 20 consecutive jobs", f"within {RSS_TOLERANCE:.0%}", "not measured",
+                             None, note=service.get("skipped", "")))
+
+    api = results.get("api", {})
+    post, integrity, get = api.get("post"), api.get("integrity"), api.get("get")
+    if post and integrity:
+        out.append(Criterion("POST /jobs accepted rate", f">= {POST_RATE:g}/s for {post['duration_s']:.0f} s",
+                             f"{post['rate_per_s']:.0f}/s ({post['accepted']} in {post['duration_s']:.1f} s, "
+                             f"p50 {_fmt(post['p50_ms'], 1)} ms, p99 {_fmt(post['p99_ms'], 1)} ms; "
+                             f"statuses {post['statuses']})",
+                             post["rate_per_s"] >= POST_RATE,
+                             note="the bench raises the per-key quotas for this: "
+                                  + ", ".join(f"{k}={v}" for k, v in api.get("quotas", {}).items())))
+        out.append(Criterion("every accepted job stored and queued exactly once", "exactly once",
+                             f"{integrity['accepted']} accepted, {integrity['stored']} stored, "
+                             f"{integrity['queued_messages']} queued", integrity["exactly_once"]))
+    else:
+        out.append(Criterion("POST /jobs accepted rate", f">= {POST_RATE:g}/s", "not measured", None,
+                             note=api.get("skipped", "")))
+    if get and "p99_ms" in get:
+        out.append(Criterion(f"GET /jobs/{{id}} p99 at {get['offered_rate_per_s']:g}/s offered", f"<= {GET_P99_MS:g} ms",
+                             f"p50 {_fmt(get['p50_ms'], 1)} ms, p99 {_fmt(get['p99_ms'], 1)} ms "
+                             f"(sent {get['sent_rate_per_s']:.0f}/s, statuses {get['statuses']})",
+                             get["p99_ms"] is not None and get["p99_ms"] <= GET_P99_MS
+                             and get["offered_rate_per_s"] >= GET_RATE
+                             and get["statuses"] == {"200": get["requests"]}))
+    else:
+        out.append(Criterion(f"GET /jobs/{{id}} p99 at {GET_RATE:g}/s offered", f"<= {GET_P99_MS:g} ms",
+                             "not measured", None, note=api.get("skipped", "")))
+    return out
+
+
+def loop_table(results: dict) -> list[str]:
+    loops = results.get("loops", {})
+    floor_s = results.get("floor", {}).get("floor_s")
+    header = (f"{'loop':<38} {'compile s':>9} {'1st epoch':>9} {'steady s':>9} {'test acc':>8} "
+              f"{'vs seed':>7} {'x floor':>7} {'compiles':>8}")
+    lines = [header, "-" * len(header)]
+    for name, title in LOOP_TITLES.items():
+        loop = loops.get(name)
+        if not loop:
+            continue
+        seed = loops.get(SEED_OF.get(name, name), {})
+        ratio = loop["steady_s"] / seed["steady_s"] if seed.get("steady_s") else None
+        lines.append(
+            f"{title:<38} {_fmt(loop.get('compile_s'), 2):>9} {loop['first_epoch_s']:>9.3f} {loop['steady_s']:>9.3f} "
+            f"{loop['test_accuracy']:>8.4f} {_fmt(ratio, 2):>7} "
+            f"{_fmt(loop['steady_s'] / floor_s if floor_s else None, 2):>7} {str(loop.get('compilations')):>8}"
+        )
+    return lines
+
+
+def service_table(results: dict) -> list[str]:
+    service = results.get("service", {})
+    jobs = service.get("jobs", [])
+    if not jobs:
+        return []
+    header = (f"{'service job':<24} {'compile_s':>9} {'setup_s':>8} {'train_s':>8} {'eval+ckpt':>9} "
+              f"{'submit->done':>12} {'overhead':>8}")
+    lines = [header, "-" * len(header)]
+    for job in jobs:
+        t = job.get("timings", {})
+        lines.append(
+            f"{job['label']:<24} {_fmt(t.get('compile_s'), 3):>9} {_fmt(t.get('setup_s'), 3):>8} "
+            f"{_fmt(t.get('train_s'), 3):>8} {_fmt((t.get('eval_s') or 0) + (t.get('checkpoint_s') or 0), 3):>9} "
+            f"{_fmt(job.get('submit_to_done_s'), 3):>12} {_fmt(job.get('overhead_s'), 3):>8}"
+        )
+    return lines
+
+
+def criteria_lines(items: list[Criterion]) -> list[str]:
+    lines = []
+    for c in items:
+        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[c.passed]
+        lines.append(f"[{verdict}] {c.name}: {c.measured} (target {c.target})")
+        if c.note:
+            lines.append(f"       {c.note}")
+    return lines

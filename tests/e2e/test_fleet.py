@@ -21,7 +21,7 @@ import boto3
 import pytest
 import redis
 
-from tests.e2e.conftest import running_service
+from tests.e2e.conftest import wait_for, running_service
 
 DIGITS = {"dataset": {"name": "digits"}, "epochs": 1, "batch_size": 64}
 # ~0.2 s an epoch on one core: long enough to stop the worker mid-run.
@@ -30,13 +30,6 @@ FAST_RECOVERY = {"heartbeat_s": "0.5", "worker_timeout_s": "3"}
 S3 = {"s3_prefix": "fleet/", "s3_region": "us-east-1", "s3_access_key_id": "testing", "s3_secret_access_key": "testing"}
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Fleet:

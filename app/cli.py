@@ -66,6 +66,7 @@ def up(
         running.wait_ready()
         print(f"trainhub is up at {running.url} (docs at {running.url}/docs; logs in {settings.var_dir / 'logs'})",
               flush=True)
+        print(f"export TRAINHUB_API_URL={running.url}  # for the CLI in another shell", flush=True)
         print(f"API key: {secret}", flush=True)
         while not stopped.wait(0.5):
             dead = [p for p in running.processes if p.poll() is not None]

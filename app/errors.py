@@ -89,8 +89,8 @@ def _echo(error: dict) -> dict:
 def _about_the_whole_body(error: dict, request: Request) -> dict:
     # "Field required" or "Input should be a valid dictionary" for the body as a whole: say what
     # the body must be, and what was wrong with the request's content type if that is the cause.
-    if tuple(error.get("loc", ())) != ("body",):
-        return error
+    if tuple(error.get("loc", ())) != ("body",) or error.get("type") == "value_error":
+        return error  # a value_error at the body is a cross-field check (its message says which)
     content_type = request.headers.get("content-type")
     hint = "the request has no body: send a JSON object" if error.get("type") == "missing" else (
         "the body must be a JSON object")

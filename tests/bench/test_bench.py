@@ -13,6 +13,7 @@ import pytest
 from bench import report
 from bench.__main__ import model_flops_per_epoch, summarize_loop
 from bench.service import check_reachable
+from tests.e2e.conftest import forget_unfinished_jobs
 
 LOOPS = ["jax_seed", "jax_trainer", "torch_seed", "torch_seed_tensor", "torch_trainer", "torch_compile"]
 
@@ -27,6 +28,8 @@ def quick(database_url, redis_url, tmp_path_factory, repo_root):
 
     On a timeout subprocess.run kills the bench; the API and worker it started die with it
     (bench/procs.py), so no worker is left consuming the test queues."""
+    # Earlier tests leave queued jobs (the fuzzer's among them); the bench's worker would run them.
+    forget_unfinished_jobs(database_url)
     out = tmp_path_factory.mktemp("bench") / "results.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out),

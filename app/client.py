@@ -124,16 +124,7 @@ class TrainhubClient:
         on_update: Callable[[dict], None] | None = None,
     ) -> dict:
         """Poll until the job ends; the final Job. Raises TimeoutError after `timeout_s` seconds."""
-        deadline = time.monotonic() + timeout_s if timeout_s else None
-        while True:
-            job = self.get(job_id)
-            if on_update:
-                on_update(job)
-            if job["status"] in FINISHED:
-                return job
-            if deadline and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s} s")
-            time.sleep(poll_s)
+        return self._poll(lambda: self.get(job_id), f"job {job_id}", poll_s, timeout_s, on_update)
 
     def compare(self, spec: dict) -> dict:
         """POST /comparisons: the spec (no framework) trained in JAX and in PyTorch."""
@@ -147,15 +138,22 @@ class TrainhubClient:
         on_update: Callable[[dict], None] | None = None,
     ) -> dict:
         """Poll until the comparison ends (both jobs and the parity check); the final Comparison."""
+        return self._poll(lambda: self.get_comparison(comparison_id), f"comparison {comparison_id}", poll_s,
+                          timeout_s, on_update)
+
+    @staticmethod
+    def _poll(fetch: Callable[[], dict], what: str, poll_s: float, timeout_s: float | None,
+              on_update: Callable[[dict], None] | None) -> dict:
+        """`fetch()` every `poll_s` seconds until its status is finished; TimeoutError after `timeout_s`."""
         deadline = time.monotonic() + timeout_s if timeout_s else None
         while True:
-            comparison = self.get_comparison(comparison_id)
+            current = fetch()
             if on_update:
-                on_update(comparison)
-            if comparison["status"] in FINISHED:
-                return comparison
+                on_update(current)
+            if current["status"] in FINISHED:
+                return current
             if deadline and time.monotonic() > deadline:
-                raise TimeoutError(f"comparison {comparison_id} still {comparison['status']} after {timeout_s} s")
+                raise TimeoutError(f"{what} still {current['status']} after {timeout_s} s")
             time.sleep(poll_s)
 
     def events(self, job_id: str, last_event_id: str | None = None, *, retries: int = 5) -> Iterator[Event]:

@@ -79,11 +79,20 @@ def up(
 
 
 @cli.command()
-def serve(host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="API processes (uvicorn workers); each runs its own "
+                                                     "Python, so more of them use more cores")] = 1,
+) -> None:
     """The API alone (uvicorn), on the database and broker of TRAINHUB_* settings."""
     import uvicorn
 
-    uvicorn.run("app.main:app", host=host, port=port)
+    if workers > 1 and get_settings().resolved_database_url().startswith("sqlite"):
+        # The per-key quotas lock the key's row (app/limits.py), which SQLite cannot: one process.
+        fail("--workers above 1 needs PostgreSQL (TRAINHUB_DATABASE_URL); the embedded SQLite database "
+             "serves one API process")
+    uvicorn.run("app.main:app", host=host, port=port, workers=workers)
 
 
 @cli.command()
@@ -101,9 +110,13 @@ def worker(
     hardware: Annotated[str, typer.Option(help="cpu, gpu or tpu")] = "cpu",
     devices: Annotated[Optional[str], typer.Option(help="device indices, e.g. 0,1")] = None,
     frameworks: Annotated[str, typer.Option(help="frameworks to serve")] = "jax,pytorch",
+    cpu_devices: Annotated[int, typer.Option(min=1, help="cpu only: devices its cores count as for data "
+                                             "parallel jobs (spec devices > 1)")] = 1,
 ) -> None:
-    """One worker pinned to HARDWARE, serving <hardware>.<framework> queues (pool solo)."""
-    argv = [sys.executable, "-m", "workers", "--hardware", hardware, "--frameworks", frameworks]
+    """One worker pinned to HARDWARE, serving <hardware>.<framework> queues (pool solo); a worker
+    owning N devices also serves the data parallel queues <hardware>.<framework>.x2 ... .xN."""
+    argv = [sys.executable, "-m", "workers", "--hardware", hardware, "--frameworks", frameworks,
+            "--cpu-devices", str(cpu_devices)]
     if devices is not None:
         argv += ["--devices", devices]
     # exec, so the pinned process is this one: nothing was imported from jax or torch here.

@@ -81,6 +81,7 @@ class JobState:
     error: dict | None
     timings: dict | None
     worker: dict | None
+    devices: int = 1
 
 
 def final_id(epochs: int) -> int:
@@ -126,7 +127,7 @@ def read_state(session: Session, job_id: str) -> JobState | None:
     """The job's row without its relationships (one query); None if it is gone."""
     row = session.execute(
         select(Job.status, Job.framework, Job.hardware, Job.epochs, Job.epoch, Job.attempts, Job.created_at,
-               Job.started_at, Job.finished_at, Job.result, Job.error, Job.timings, Job.worker)
+               Job.started_at, Job.finished_at, Job.result, Job.error, Job.timings, Job.worker, Job.devices)
         .where(Job.id == job_id)
     ).first()
     return JobState(*row) if row is not None else None
@@ -143,7 +144,8 @@ def read_metrics(session: Session, job_id: str, after_epoch: int) -> list[dict]:
 
 def current_waiting_reason(session: Session, state: JobState) -> str | None:
     """Why the queued job waits (app.jobs.waiting_reason), computed without loading its relations."""
-    probe = Job(status=state.status, hardware=state.hardware, framework=state.framework, created_at=state.created_at)
+    probe = Job(status=state.status, hardware=state.hardware, framework=state.framework, devices=state.devices,
+                created_at=state.created_at)
     return jobs.waiting_reason(session, probe, jobs.online_queues(session))
 
 

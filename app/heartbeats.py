@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.models import Job, Worker, utcnow
+from app.queue import queue_name
 
 HARDWARE = ("cpu", "gpu", "tpu")
 FRAMEWORKS = ("jax", "pytorch")
@@ -44,14 +45,14 @@ def online_workers(session: Session) -> list[Worker]:
 
 
 def queue_depths(session: Session) -> dict[str, int]:
-    """Queued jobs per `<hardware>.<framework>`, every known queue included (0 when empty)."""
+    """Queued jobs per queue (`Job.queue`), every known one-device queue included (0 when empty)."""
     depths = dict.fromkeys(KNOWN_QUEUES, 0)
     rows = session.execute(
-        select(Job.hardware, Job.framework, func.count()).where(Job.status == "queued")
-        .group_by(Job.hardware, Job.framework)
+        select(Job.hardware, Job.framework, Job.devices, func.count()).where(Job.status == "queued")
+        .group_by(Job.hardware, Job.framework, Job.devices)
     )
-    for hardware, framework, count in rows:
-        depths[f"{hardware}.{framework}"] = count
+    for hardware, framework, devices, count in rows:
+        depths[queue_name(hardware, framework, devices)] = count
     return depths
 
 

@@ -8,9 +8,10 @@ import logging
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app import limits, queue
 from app.config import get_settings
@@ -68,23 +69,34 @@ def new_job(owner: ApiKey, spec: JobSpec, idempotency_key: str | None = None) ->
         status="queued",
         framework=spec.framework,
         hardware=spec.hardware,
+        devices=spec.devices,
         spec=spec.model_dump(mode="json"),
         epochs=spec.epochs,
         idempotency_key=idempotency_key,
         created_at=utcnow(),
+        # A new job has none yet: loaded as empty, so rendering it asks the database nothing.
+        metrics=[],
+        artifacts=[],
     )
+
+
+# Built once: every POST /jobs runs it. On the table, so the ORM looks for no object to update.
+_STAMP_ENQUEUED = update(Job.__table__).where(Job.__table__.c.id == bindparam("job_id")).values(
+    enqueued_at=bindparam("now"))
 
 
 def enqueue(session: Session, job: Job) -> bool:
     """Send a committed job's id to its queue and stamp `enqueued_at`. A broker error is logged
     and the job stays queued with no stamp; the workers' reconciler sends it later."""
     try:
-        queue.enqueue(job.id, job.hardware, job.framework)
+        queue.enqueue(job.id, job.queue)
     except Exception:  # the row is the source of truth; the job waits for the broker
         log.exception("could not enqueue job %s; it stays queued", job.id)
         return False
-    session.execute(update(Job).where(Job.id == job.id).values(enqueued_at=utcnow()))
+    now = utcnow()
+    session.execute(_STAMP_ENQUEUED, {"job_id": job.id, "now": now})
     session.commit()
+    set_committed_value(job, "enqueued_at", now)  # what the row now says, without another UPDATE
     return True
 
 
@@ -163,27 +175,35 @@ def cancel_job(session: Session, job: Job) -> Job:
     return job
 
 
+_QUEUES_SEEN_SINCE = select(Worker.queues).where(Worker.last_seen >= bindparam("since"))
+
+
 def online_queues(session: Session) -> set[str]:
     """Queues served by a worker whose heartbeat is recent."""
     since = utcnow() - timedelta(seconds=get_settings().worker_timeout_s)
     queues: set[str] = set()
-    for worker_queues in session.scalars(select(Worker.queues).where(Worker.last_seen >= since)):
+    for worker_queues in session.scalars(_QUEUES_SEEN_SINCE, {"since": since}):
         queues.update(worker_queues)
     return queues
 
 
-def waiting_reason(session: Session, job: Job, served: set[str]) -> str | None:
-    """Why a queued job has not started yet; None for a job that is not queued."""
+def waiting_reason(session: Session, job: Job, served: set[str], position: int | None = None) -> str | None:
+    """Why a queued job has not started yet; None for a job that is not queued. `position`: its
+    queue_position when the caller has it already (counted here otherwise)."""
     if job.status != "queued":
         return None
     if job.queue not in served:
+        if job.devices > 1:
+            return (f"no online worker owns {job.devices} {job.hardware} devices for {job.framework} "
+                    f"(queue {job.queue}); start one with `trainhub worker --hardware {job.hardware} "
+                    f"--devices <{job.devices} device indices>`")
         return f"no online worker serves {job.queue}"
-    ahead = queue_position(session, job) - 1
+    ahead = (position or queue_position(session, job)) - 1
     return f"waiting for a free worker on {job.queue} ({ahead} job(s) ahead)"
 
 
 def queue_position(session: Session, job: Job) -> int | None:
-    """1 for the next queued job of its queue `<hardware>.<framework>`, 2 for the one after...;
+    """1 for the next queued job of its queue (`<hardware>.<framework>[.x<devices>]`), 2 for the one after...;
     None for a job that is not queued. Counted from the jobs table (everyone's), oldest first:
     the broker may hold duplicate or stale messages, the rows do not."""
     if job.status != "queued":
@@ -193,7 +213,8 @@ def queue_position(session: Session, job: Job) -> int | None:
         earlier = or_(earlier, and_(Job.created_at == job.created_at, Job.id < job.id))
     ahead = session.scalar(
         select(func.count()).select_from(Job).where(
-            Job.status == "queued", Job.hardware == job.hardware, Job.framework == job.framework, earlier,
+            Job.status == "queued", Job.hardware == job.hardware, Job.framework == job.framework,
+            Job.devices == job.devices, earlier,
         )
     )
     return ahead + 1
@@ -204,6 +225,7 @@ def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None
     if served is None:
         served = online_queues(session) if job.status == "queued" else set()
     url = base_url.rstrip("/")
+    position = queue_position(session, job)
     return JobOut.model_validate(
         {
             "id": job.id,
@@ -212,8 +234,8 @@ def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None
             "created_at": job.created_at,
             "started_at": job.started_at,
             "finished_at": job.finished_at,
-            "waiting_reason": waiting_reason(session, job, served),
-            "queue_position": queue_position(session, job),
+            "waiting_reason": waiting_reason(session, job, served, position),
+            "queue_position": position,
             "attempts": job.attempts,
             "progress": {"epoch": job.epoch, "epochs": job.epochs},
             "metrics": [metric_dict(m) for m in job.metrics],

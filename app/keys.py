@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import secrets
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from app.models import ApiKey, utcnow
@@ -29,6 +29,10 @@ def create_key(session: Session, name: str, admin: bool = False) -> tuple[ApiKey
     return key, secret
 
 
+# Built once: every request with a key runs it.
+_BY_HASH = select(ApiKey).where(ApiKey.key_hash == bindparam("digest"))
+
+
 def find_key(session: Session, secret: str) -> ApiKey | None:
     """The live key whose secret is `secret`, or None (unknown, malformed or revoked).
 
@@ -37,7 +41,7 @@ def find_key(session: Session, secret: str) -> ApiKey | None:
     if not secret.startswith(KEY_PREFIX) or len(secret) > 200 or not secret.isascii():
         return None
     digest = hash_key(secret)
-    key = session.scalars(select(ApiKey).where(ApiKey.key_hash == digest)).first()
+    key = session.scalars(_BY_HASH, {"digest": digest}).first()
     if key is None or key.revoked_at is not None or not hmac.compare_digest(key.key_hash, digest):
         return None
     return key

@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 import unicodedata
 from dataclasses import dataclass
-from datetime import timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings, get_settings
@@ -121,40 +121,55 @@ def apply_limits(spec: TrainingSpec, settings: Settings | None = None) -> Traini
     return spec
 
 
+# Built once: every POST /jobs runs them, and building a statement costs more than running it.
+_QUEUED = Job.status == "queued"
+_RECENT = Job.created_at > bindparam("since")
+_LOCK_KEY = select(ApiKey.id).where(ApiKey.id == bindparam("owner_id")).with_for_update()
+# One query, each set from its own index: the rows read are the key's queued and recent jobs,
+# not every job it ever had.
+_COUNT_QUEUED_AND_RECENT = select(func.count().filter(_QUEUED), func.count().filter(_RECENT)).where(
+    Job.owner_id == bindparam("owner_id"), or_(_QUEUED, _RECENT))
+_RECENT_OLDEST_FIRST = select(Job.created_at).where(Job.owner_id == bindparam("owner_id"), _RECENT).order_by(
+    Job.created_at)
+
+
 def check_quota(session: Session, owner: ApiKey, new_jobs: int = 1, settings: Settings | None = None) -> None:
     """Lock the key's row for the rest of the transaction, then raise QuotaExceeded when `new_jobs`
     more jobs would pass the key's queued or per-minute limit. Call it in the transaction that
     adds the jobs, right before adding them."""
     s = settings or get_settings()
-    session.execute(select(ApiKey.id).where(ApiKey.id == owner.id).with_for_update())
-    queued = session.scalar(select(func.count()).select_from(Job).where(Job.owner_id == owner.id,
-                                                                          Job.status == "queued"))
+    session.execute(_LOCK_KEY, {"owner_id": owner.id})
+    now = utcnow()
+    since = now - timedelta(seconds=RATE_WINDOW_S)
+    queued, recent = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()
     if queued + new_jobs > s.max_queued_jobs_per_key:
         raise QuotaExceeded(
             f"this key has {queued} job(s) queued; the limit is {s.max_queued_jobs_per_key} "
             f"(max_queued_jobs_per_key, set by TRAINHUB_MAX_QUEUED_JOBS_PER_KEY): wait for some to start "
             "or cancel some"
         )
-    now = utcnow()
-    recent = list(session.scalars(
-        select(Job.created_at).where(Job.owner_id == owner.id, Job.created_at > now - timedelta(seconds=RATE_WINDOW_S))
-        .order_by(Job.created_at)
-    ))
     if new_jobs > s.max_submissions_per_minute:
         raise QuotaExceeded(
             f"this request creates {new_jobs} jobs, more than the limit of {s.max_submissions_per_minute} per minute "
             "(max_submissions_per_minute, set by TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE)"
         )
-    excess = len(recent) + new_jobs - s.max_submissions_per_minute
+    excess = recent + new_jobs - s.max_submissions_per_minute
     if excess > 0:
-        # The window frees up once the `excess` oldest submissions in it are a minute old.
-        oldest = recent[excess - 1]
-        if oldest.tzinfo is None:  # SQLite keeps no time zone; every stored time is UTC
-            oldest = oldest.replace(tzinfo=timezone.utc)
-        retry_after = max(1, math.ceil((oldest + timedelta(seconds=RATE_WINDOW_S) - now).total_seconds()))
+        retry_after = seconds_until_freed(session, owner, since, now, excess)
         raise QuotaExceeded(
-            f"this key created {len(recent)} job(s) in the last minute; the limit is "
+            f"this key created {recent} job(s) in the last minute; the limit is "
             f"{s.max_submissions_per_minute} per minute (max_submissions_per_minute, set by "
             f"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE): retry in {retry_after} s",
             retry_after,
         )
+
+
+def seconds_until_freed(session: Session, owner: ApiKey, since: datetime, now: datetime, excess: int) -> int:
+    """Seconds until the key's window (its submissions after `since`) has room again: once its
+    `excess` oldest submissions are a minute old. At least 1."""
+    oldest = session.scalar(_RECENT_OLDEST_FIRST.offset(excess - 1).limit(1), {"owner_id": owner.id, "since": since})
+    if oldest is None:  # rows deleted since they were counted
+        return 1
+    if oldest.tzinfo is None:  # SQLite keeps no time zone; every stored time is UTC
+        oldest = oldest.replace(tzinfo=timezone.utc)
+    return max(1, math.ceil((oldest + timedelta(seconds=RATE_WINDOW_S) - now).total_seconds()))

@@ -10,7 +10,10 @@ from datetime import datetime, timezone
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy import false as sql_false
+from sqlalchemy import text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from app.queue import queue_name
 
 
 def utcnow() -> datetime:
@@ -51,6 +54,9 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
     framework: Mapped[str] = mapped_column(String(16))
     hardware: Mapped[str] = mapped_column(String(16))
+    # Data parallel over this many devices of `hardware` (spec.devices); only a worker that owns
+    # as many serves the job's queue.
+    devices: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     spec: Mapped[dict] = mapped_column(JSON)
     epochs: Mapped[int] = mapped_column(Integer)
     epoch: Mapped[int] = mapped_column(Integer, default=0)  # epochs finished so far
@@ -78,11 +84,16 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency"),
         Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),  # a key's recent jobs (rate limit)
+        Index("ix_jobs_owner_id_status", "owner_id", "status"),  # a key's queued jobs (quota)
+        # The queued jobs of a queue, oldest first (queue_position); only queued rows are indexed.
+        Index("ix_jobs_queued", "hardware", "framework", "created_at",
+              postgresql_where=text("status = 'queued'"), sqlite_where=text("status = 'queued'")),
     )
 
     @property
     def queue(self) -> str:
-        return f"{self.hardware}.{self.framework}"
+        """The broker queue the job waits in (app.queue.queue_name)."""
+        return queue_name(self.hardware, self.framework, self.devices or 1)
 
 
 class EpochMetric(Base):

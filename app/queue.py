@@ -47,10 +47,19 @@ def get_celery() -> Celery:
     return make_celery(get_settings())
 
 
-def queue_name(hardware: str, framework: str) -> str:
-    return f"{hardware}.{framework}"
+def queue_name(hardware: str, framework: str, devices: int = 1) -> str:
+    """`cpu.jax` for a job on one device; `cpu.jax.x4` for one data parallel over 4 devices.
+
+    A worker that owns D devices of its hardware consumes the queues of 1..D devices, so a job
+    never reaches a worker with fewer devices than it asks for: it waits in its queue."""
+    return f"{hardware}.{framework}" if devices == 1 else f"{hardware}.{framework}.x{devices}"
 
 
-def enqueue(job_id: str, hardware: str, framework: str) -> None:
-    """Send the job's id to queue `<hardware>.<framework>`. Raises on a broker error."""
-    get_celery().send_task(RUN_JOB_TASK, args=[job_id], queue=queue_name(hardware, framework))
+def queues_served(hardware: str, framework: str, devices: int) -> list[str]:
+    """The queues of a worker owning `devices` devices of `hardware` for `framework`."""
+    return [queue_name(hardware, framework, n) for n in range(1, devices + 1)]
+
+
+def enqueue(job_id: str, queue: str) -> None:
+    """Send the job's id to `queue` (`Job.queue`). Raises on a broker error."""
+    get_celery().send_task(RUN_JOB_TASK, args=[job_id], queue=queue)

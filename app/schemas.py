@@ -57,7 +57,8 @@ class Job(BaseModel):
     finished_at: datetime | None
     waiting_reason: str | None
     queue_position: int | None = Field(
-        None, description="While queued: 1 for the next job of its queue <hardware>.<framework>, 2 for the one after...")
+        None, description="While queued: 1 for the next job of its queue <hardware>.<framework> (with .x<N> for a job "
+              "on N devices), 2 for the one after...")
     attempts: int
     progress: Progress
     metrics: list[EpochMetrics]
@@ -123,8 +124,8 @@ class Worker(BaseModel):
 
 
 class QueueDepth(BaseModel):
-    """A queue `<hardware>.<framework>`: jobs waiting on it (everyone's) and the online workers
-    that serve it."""
+    """A queue `<hardware>.<framework>` (`.x<N>` for jobs data parallel over N devices, served by
+    workers owning at least N): jobs waiting on it (everyone's) and the online workers serving it."""
 
     name: str
     depth: int

@@ -19,7 +19,8 @@ One run measures, on the same data and machine, in turns:
 
 It prints the tables and a PASS/FAIL line per target of issue 3, and writes bench/results.json.
 `--quick` runs every part at toy sizes (under a minute): a smoke test of the code, not a
-measurement. The service parts use their own database and Redis db (see --database-url,
+measurement. `--only api` runs part 5 alone (the service started, no training jobs), for work on
+the API's throughput. The service parts use their own database and Redis db (see --database-url,
 --redis-url) and are skipped, saying why, when those are unreachable.
 """
 
@@ -68,6 +69,9 @@ class Config:
     api_get_s: float = 10.0
     api_get_rate: float = 200.0
     api_concurrency: int = 16
+    # uvicorn processes serving the API: two use both cores (one Python process is held to one by
+    # its GIL), which on 2 cores, the load generator included, takes more POSTs and GETs a second.
+    api_workers: int = 2
     matmul_sizes: str = "2048,3072"
     loops: tuple[str, ...] = ISSUE_LOOPS
     one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process
@@ -220,14 +224,15 @@ def breakdown(job: dict) -> str:
     return "overhead = " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + f", other {rest:.3f} s"
 
 
-def measure_service(config: Config, database_url: str, redis_url: str, root: Path) -> tuple[dict, dict]:
+def measure_service(config: Config, database_url: str, redis_url: str, root: Path,
+                    only_api: bool = False) -> tuple[dict, dict]:
     """(service results, api results) through the real processes. A part that fails is
     recorded as skipped with its error (the API part still runs after failed jobs), so the
-    rest of the run is still reported."""
+    rest of the run is still reported. `only_api`: the API part alone (the jobs are skipped)."""
     from bench.service import Service
 
-    service = Service(database_url, redis_url, root)
-    log("service: starting uvicorn and a cpu worker")
+    service = Service(database_url, redis_url, root, api_workers=config.api_workers)
+    log(f"service: starting uvicorn ({config.api_workers} process(es)) and a cpu worker")
     service_out: dict = {"jobs": []}
     try:
         try:
@@ -237,7 +242,10 @@ def measure_service(config: Config, database_url: str, redis_url: str, root: Pat
             log(message)
             return {"skipped": message}, {"skipped": message}
         try:
-            measure_jobs(config, service, service_out)
+            if only_api:
+                service_out["skipped"] = "--only api"
+            else:
+                measure_jobs(config, service, service_out)
         except Exception as exc:
             service_out["skipped"] = f"service jobs failed: {type(exc).__name__}: {exc}"
             log(service_out["skipped"])
@@ -308,8 +316,37 @@ def measure_api(config: Config, service, database_url: str, redis_url: str) -> d
     api_out = api.measure(service.url, service.key, database_url, redis_url, config.api_post_s,
                           config.api_get_s, config.api_get_rate, config.api_concurrency)
     api_out["quotas"] = QUOTAS
+    api_out["api_workers"] = config.api_workers
     api_out["reconciler_settled"] = reconciled
     return api_out
+
+
+def run_api_only(config: Config, args: argparse.Namespace) -> int:
+    """`--only api`: the service started, the API load and its verdicts; nothing else."""
+    from bench.service import check_reachable
+
+    started = time.perf_counter()
+    results: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
+                     "only": "api", "config": asdict(config),
+                     "host": {"cpus": len(os.sched_getaffinity(0)), "load_avg_at_start": os.getloadavg()}}
+    why = check_reachable(args.database_url, args.redis_url)
+    if why:
+        log(f"API part skipped: {why}")
+        results["api"] = {"skipped": why}
+    else:
+        with tempfile.TemporaryDirectory(prefix="trainhub-bench-") as tmp:
+            _, results["api"] = measure_service(config, args.database_url, args.redis_url, Path(tmp) / "service",
+                                                only_api=True)
+    names = ("POST /jobs accepted rate", "every accepted job stored and queued exactly once", "GET /jobs/")
+    verdicts = [c for c in report.criteria(results) if c.name.startswith(names)]
+    results["criteria"] = [c.to_dict() for c in verdicts]
+    results["duration_s"] = time.perf_counter() - started
+    print("\n".join(report.criteria_lines(verdicts)), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {args.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-service", action="store_true", help="skip the service and API parts")
     parser.add_argument("--cnn", action="store_true", help="also time both trainers on the CNN (slow: tens of "
                                                            "seconds an epoch on 2 cores)")
+    parser.add_argument("--only", choices=["api"], help="run one part alone: api (POST and GET load against the "
+                                                        "service; results written only with --out)")
+    parser.add_argument("--api-workers", type=int, help=f"uvicorn processes serving the API (default "
+                                                          f"{Config.api_workers})")
     parser.add_argument("--out", type=Path, default=None, help=f"results file (default {DEFAULT_OUT}; quick: none "
                                                                "unless given)")
     args = parser.parse_args(argv)
@@ -335,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         config.rounds = args.rounds
     if args.cnn:
         config.loops = ISSUE_LOOPS + CNN_LOOPS
+    if args.api_workers:
+        config.api_workers = args.api_workers
+    if args.only == "api":
+        return run_api_only(config, args)
     out_path = args.out or (None if args.quick else DEFAULT_OUT)
     started = time.perf_counter()
     results: dict = {

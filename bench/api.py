@@ -26,8 +26,11 @@ def run_load(args: list[str], timeout_s: float) -> dict:
     """Run `python -m bench.load ARGS` and return its result."""
     from bench.loops import RESULT_PREFIX
 
-    out = subprocess.run([sys.executable, "-m", "bench.load", *args], capture_output=True, text=True,
-                         timeout=timeout_s, preexec_fn=die_with_parent)
+    try:
+        out = subprocess.run([sys.executable, "-m", "bench.load", *args], capture_output=True, text=True,
+                             timeout=timeout_s, preexec_fn=die_with_parent)
+    except subprocess.TimeoutExpired:  # its message would repeat the command line, every id in it
+        raise RuntimeError(f"bench.load {args[0]} did not finish within {timeout_s:g} s") from None
     for line in out.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])
@@ -94,6 +97,18 @@ def cleanup(database_url: str, redis_url: str, owner: str, raw_messages: list[by
     pipe.execute()
 
 
+def measure_get(url: str, key: str, ids: list[str], get_s: float, get_rate: float) -> dict:
+    """The GET load's result, or {"error"} when there is nothing to GET or the load failed (an API
+    that stops answering): the POST figures measured before it still stand."""
+    if not ids:
+        return {"error": "no job was accepted, so there is nothing to GET"}
+    try:
+        return run_load(["get", "--url", url, "--key", key, "--duration", str(get_s), "--rate", str(get_rate),
+                         "--ids", ",".join(ids)], timeout_s=get_s + 120)
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+
+
 def measure(url: str, key: str, database_url: str, redis_url: str, post_s: float, get_s: float,
             get_rate: float, concurrency: int) -> dict:
     """Both loads, the exactly-once check, and the cleanup; a dict for results.json."""
@@ -124,10 +139,7 @@ def measure(url: str, key: str, database_url: str, redis_url: str, post_s: float
         and accepted_set == set(stored) == set(queued)
     )
     try:
-        get_ids = accepted[:200] if accepted else []
-        get = (run_load(["get", "--url", url, "--key", key, "--duration", str(get_s), "--rate", str(get_rate),
-                         "--ids", ",".join(get_ids)], timeout_s=get_s + 120)
-               if get_ids else {"error": "no job was accepted, so there is nothing to GET"})
+        get = measure_get(url, key, accepted[:200], get_s, get_rate)
     finally:
         cleanup(database_url, redis_url, owner, raw)
     return {"post": post, "integrity": integrity, "get": get}

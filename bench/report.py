@@ -27,9 +27,8 @@ LOOP_TITLES = {
     "torch_seed_tensor": "  same, over a TensorDataset (ref.)",
     "torch_trainer": "trainhub PyTorch trainer, eager",
     "torch_compile": "trainhub PyTorch trainer, compile",
-    "jax_cnn": "CNN: trainhub JAX trainer (x floor: MLP's)",
-    "torch_cnn": "CNN: trainhub PyTorch trainer, eager",
 }
+CNN_TITLES = {"jax_cnn": "trainhub JAX trainer (flax, scan)", "torch_cnn": "trainhub PyTorch trainer, eager"}
 
 
 @dataclass
@@ -165,7 +164,7 @@ def criteria(results: dict) -> list[Criterion]:
                              and get["statuses"] == {"200": get["requests"]}))
     else:
         out.append(Criterion(f"GET /jobs/{{id}} p99 at {GET_RATE:g}/s offered", f"<= {GET_P99_MS:g} ms",
-                             "not measured", None, note=api.get("skipped", "")))
+                             "not measured", None, note=(get or {}).get("error") or api.get("skipped", "")))
     return out
 
 
@@ -184,6 +183,31 @@ def loop_table(results: dict) -> list[str]:
         lines.append(
             f"{title:<38} {_fmt(loop.get('compile_s'), 2):>9} {loop['first_epoch_s']:>9.3f} {loop['steady_s']:>9.3f} "
             f"{loop['test_accuracy']:>8.4f} {_fmt(ratio, 2):>7} "
+            f"{_fmt(loop['steady_s'] / floor_s if floor_s else None, 2):>7} {str(loop.get('compilations')):>8}"
+        )
+    return lines
+
+
+def cnn_table(results: dict) -> list[str]:
+    """The CNN rows: both trainers on the same CNN spec, each against the CNN's own floor (its
+    FLOPs at the measured matmul rate), and PyTorch's steady epoch over JAX's."""
+    cnn = results.get("cnn", {})
+    loops = cnn.get("loops", {})
+    if not loops:
+        return []
+    floor_s = cnn.get("floor", {}).get("floor_s")
+    jax_s = loops.get("jax_cnn", {}).get("steady_s")
+    header = (f"{'CNN loop':<38} {'compile s':>9} {'1st epoch':>9} {'steady s':>9} {'test acc':>8} "
+              f"{'x JAX':>7} {'x floor':>7} {'compiles':>8}")
+    lines = [f"CNN {cnn['model']}, {cnn['samples']} samples, {cnn['epochs']} epochs; floor "
+             f"{_fmt(floor_s)} s/epoch ({cnn['floor']['flops'] / 1e9:.0f} GFLOP)", header, "-" * len(header)]
+    for name, title in CNN_TITLES.items():
+        loop = loops.get(name)
+        if not loop:
+            continue
+        lines.append(
+            f"{title:<38} {_fmt(loop.get('compile_s'), 2):>9} {loop['first_epoch_s']:>9.3f} {loop['steady_s']:>9.3f} "
+            f"{loop['test_accuracy']:>8.4f} {_fmt(loop['steady_s'] / jax_s if jax_s else None, 2):>7} "
             f"{_fmt(loop['steady_s'] / floor_s if floor_s else None, 2):>7} {str(loop.get('compilations')):>8}"
         )
     return lines

@@ -76,6 +76,7 @@ class Service:
     api: subprocess.Popen | None = None
     worker: subprocess.Popen | None = None
     key: str = ""
+    api_workers: int = 1  # uvicorn processes serving the API
 
     def start(self, timeout_s: float = 120.0) -> None:
         self.clear_leftovers()
@@ -96,7 +97,8 @@ class Service:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.api = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"],
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning",
+             "--workers", str(self.api_workers)],
             env=self.env, stdout=open(logs / "api.log", "ab"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
         )
         # Both start at once (they migrate under a lock); the key is made while the worker imports.

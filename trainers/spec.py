@@ -177,7 +177,9 @@ class TrainingSpec(_Strict):
         "fp32", description="bf16: params and optimizer in fp32, the forward and backward in bfloat16 (gpu, tpu)."
     )
     devices: Annotated[int, Field(ge=1, le=MAX_DEVICES)] = _new(
-        1, description="Data parallel over this many devices of the hardware; batch_size is the global batch."
+        1, description="Data parallel over this many devices of the hardware (JAX: a sharded mesh; PyTorch: DDP, "
+        "one process per device); batch_size is the global batch. The job waits in queue "
+        "<hardware>.<framework>.x<N> until a worker owning N devices is online."
     )
 
     @model_validator(mode="after")
@@ -243,13 +245,24 @@ class JobSpec(TrainingSpec):
                 "compile is not available for PyTorch on tpu: torch_xla compiles every step "
                 "already; leave compile false"
             )
-        if self.devices > 1 and self.framework == "pytorch":
-            raise ValueError(_NO_DDP)
+        if self.framework == "pytorch":
+            _check_ddp(self)
+        if self.devices > 1 and self.compile and self.framework == "pytorch":
+            raise ValueError("compile with devices above 1 is not available for pytorch (DDP runs eager); "
+                             "leave compile false or use devices 1")
         return self
 
 
-# Data parallel PyTorch (DDP, one process per device) is not built yet: refused, not run on one.
-_NO_DDP = "devices above 1 (data parallel) is available for framework jax only so far; use devices 1 for pytorch"
+def _check_ddp(spec: TrainingSpec) -> None:
+    """Raise ValueError for the data parallel PyTorch runs trainhub cannot do the same way as JAX."""
+    if spec.devices == 1:
+        return
+    if spec.hardware == "tpu":
+        raise ValueError("devices above 1 for pytorch on tpu is not available (no torch_xla DDP here); "
+                         "use framework jax on tpu, or devices 1")
+    if spec.model.batch_norm and spec.hardware == "cpu":
+        raise ValueError("model.batch_norm with devices above 1 needs SyncBatchNorm, which PyTorch has on gpu "
+                         "only: on cpu use devices 1, or turn batch_norm off")
 
 
 class ComparisonSpec(TrainingSpec):
@@ -260,9 +273,12 @@ class ComparisonSpec(TrainingSpec):
     def _no_framework(cls, value: object) -> object:
         if isinstance(value, dict) and "framework" in value:
             raise ValueError("a comparison trains both frameworks: remove 'framework' from the spec")
-        if isinstance(value, dict) and value.get("devices", 1) != 1:
-            raise ValueError(_NO_DDP)
         return value
+
+    @model_validator(mode="after")
+    def _pytorch_can_run_it(self) -> "ComparisonSpec":
+        _check_ddp(self)
+        return self
 
     def for_framework(self, framework: str) -> JobSpec:
         return JobSpec(framework=framework, **self.model_dump())

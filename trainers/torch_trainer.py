@@ -36,10 +36,57 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     DataNotFound when the dataset is missing, and lets StopTraining from `report`/`should_stop`
     propagate (the metrics already reported stand; no artifacts are written).
     """
+    if spec.devices > 1:  # data parallel: DDP, one process per device, each running `train`
+        from trainers import torch_ddp
+
+        return torch_ddp.fit(spec, workdir, report, should_stop)
     start = time.perf_counter()
     device = _device_for(spec.hardware)
     # Use every core this process may run on (torch's default may count the host's cores).
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    return train(spec, workdir, report, should_stop, OneDevice(device), start)
+
+
+class OneDevice:
+    """The world of a run on one device: every batch whole, sums already global, no wrapping.
+
+    trainers.torch_ddp.Group is the same interface over DDP's process group."""
+
+    rank, size = 0, 1
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model as this world trains it (DDP: batch norm synchronised), before the optimizer."""
+        return model
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module the forward pass calls (DDP: the DistributedDataParallel wrapper)."""
+        return model
+
+    def shard(self, batches: torch.Tensor) -> torch.Tensor:
+        """This device's part of each global batch: [steps, batch_size / size] indices."""
+        return batches
+
+    def total(self, *values: torch.Tensor) -> list[float]:
+        """Sums over the devices, on the host (the epoch's one wait for the device)."""
+        return [v.item() for v in values]
+
+    def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over the devices (in place), on the device."""
+        return tensor
+
+    def devices(self) -> list[str]:
+        return [f"{self.device.type}:{self.device.index or 0}"]
+
+
+def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, world, start: float) -> FitResult:
+    """The training run of `fit` in `world` (OneDevice, or one rank of torch_ddp's group): the
+    same steps on any number of devices, each device taking its share of every global batch.
+    Only rank 0 checkpoints and writes artifacts; every rank reports (the caller decides who
+    listens). `start` is the perf_counter the setup time counts from."""
+    device = world.device
     data = load_dataset(spec.dataset)
     # The data goes to the device once; torch.tensor copies the read-only cached arrays.
     x_train = torch.tensor(data.x_train).to(device)
@@ -49,7 +96,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
 
     # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
     weights = init_weights(spec.model, data.in_features, data.num_classes, spec.seed)
-    model = from_weights(weights, spec.model.dropout, data.in_features).to(device)
+    model = world.prepare(from_weights(weights, spec.model.dropout, data.in_features).to(device))
     n, batch_size = len(data.x_train), spec.batch_size
     steps = n // batch_size
     optimizer, scheduler = make_optimizer(spec, model, device, steps)
@@ -73,10 +120,11 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         for done in metrics:  # re-reported: the worker may have died before it stored them
             report(done.epoch, done)
     checkpoint_s = 0.0
+    forward = world.wrap(train_model)
     for epoch in range(len(metrics) + 1, spec.epochs + 1):
         # Dropout masks from (seed, epoch), like the batch order, so a resumed run repeats them.
-        torch.manual_seed(spec.seed * 100_003 + epoch)
-        batches = torch.from_numpy(epoch_batches(spec.seed, epoch, n, batch_size)).to(device, torch.int64)
+        torch.manual_seed(spec.seed * 100_003 + epoch + 7_919 * world.rank)
+        batches = world.shard(torch.from_numpy(epoch_batches(spec.seed, epoch, n, batch_size)).to(device, torch.int64))
         learning_rate = optimizer.param_groups[0]["lr"]  # the rate of the epoch's first step
         epoch_start = time.perf_counter()
         model.train()
@@ -88,10 +136,11 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
             x, y = x_train[idx], y_train[idx]
             optimizer.zero_grad(set_to_none=True)
             if spec.privacy is not None:
-                loss, logits = _private_gradients(model, x, y, spec.privacy.clip_norm, spec.privacy.noise_multiplier)
+                loss, logits = _private_gradients(model, x, y, spec.privacy.clip_norm, spec.privacy.noise_multiplier,
+                                                  world)
             else:
                 with autocast():
-                    logits = train_model(x)
+                    logits = forward(x)
                     loss = F.cross_entropy(logits, y)
                 loss.backward()
             if spec.optimizer.clip_norm is not None:
@@ -102,10 +151,12 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
             # Summed on the device: a .item() per step would wait for the device every step.
             loss_sum += loss.detach()
             if epoch == 1 and step == 0:
-                first_step_loss = loss.detach().clone()
+                first_step_loss = torch.tensor(world.total(loss.detach())[0] / world.size, device=device)
             correct += (logits.detach().argmax(dim=1) == y).sum()
             _end_step(device)
-        train_loss, train_correct = loss_sum.item(), correct.item()  # the epoch's one host sync
+        # The epoch's one host sync. Each device's loss is the mean over its share of the batch.
+        loss_total, train_correct = world.total(loss_sum, correct)
+        train_loss = loss_total / world.size
         _wait_for(device)
         epoch_time_s = time.perf_counter() - epoch_start
 
@@ -120,10 +171,13 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         )
         metrics.append(epoch_metrics)
         checkpoint_start = time.perf_counter()
-        torch_checkpoint.save(workdir, epoch, model, optimizer, metrics, first_step_loss.item(), scheduler)
+        if world.rank == 0:
+            torch_checkpoint.save(workdir, epoch, model, optimizer, metrics, first_step_loss.item(), scheduler)
         checkpoint_s += time.perf_counter() - checkpoint_start
         report(epoch, epoch_metrics)
 
+    if world.rank != 0:
+        return FitResult(metrics=metrics, timings={}, result={}, artifacts=[])
     state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
     weights = weights_from_state_dict(model)
     artifacts = write_common_artifacts(workdir, weights, metrics, spec)
@@ -138,7 +192,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
                 "first_step_loss": first_step_loss.item()},
         artifacts=[*artifacts, STATE_DICT_FILE],
-        device=_device_info(device),
+        device=_device_info(device, world.devices()),
     )
 
 
@@ -243,10 +297,12 @@ def _schedule_factor(opt, steps_per_epoch: int, epochs: int, step: int) -> float
 
 
 def _private_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float,
-                       noise_multiplier: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       noise_multiplier: float, world) -> tuple[torch.Tensor, torch.Tensor]:
     """DP-SGD gradients into each parameter's .grad: per-example gradients (torch.func.vmap of
     torch.func.grad), each clipped to L2 norm clip_norm, summed, plus N(0, (noise_multiplier *
-    clip_norm)^2) per coordinate, divided by the batch size. Returns (mean loss, logits)."""
+    clip_norm)^2) per coordinate, divided by the batch size. Returns (mean loss, logits) of this
+    device's examples. Over several devices the clipped sums are all-reduced and the noise is
+    drawn once (by rank 0), so the step is the one a single device takes on the global batch."""
     from torch.func import functional_call, grad, vmap
 
     params = {name: p.detach() for name, p in model.named_parameters()}
@@ -265,7 +321,9 @@ def _private_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     factors = 1.0 / torch.clamp(norms / clip_norm, min=1.0)  # clip(g) = g * min(1, C / |g|)
     for name, p in model.named_parameters():
         summed = torch.tensordot(factors, grads[name], dims=1)
-        p.grad = (summed + noise_multiplier * clip_norm * torch.randn_like(summed)) / batch
+        if world.rank == 0:
+            summed += noise_multiplier * clip_norm * torch.randn_like(summed)
+        p.grad = world.all_sum(summed) / (batch * world.size)
     return losses.mean(), logits
 
 
@@ -295,9 +353,9 @@ def _wait_for(device: torch.device) -> None:
         xm.wait_device_ops()
 
 
-def _device_info(device: torch.device) -> dict:
+def _device_info(device: torch.device, devices: list[str]) -> dict:
     return {
         "backend": device.type,
-        "devices": [f"{device.type}:{device.index or 0}"],
+        "devices": devices,
         "versions": {"torch": torch.__version__},
     }

@@ -1,4 +1,4 @@
-"""`python -m workers --hardware cpu [--devices 0,1] [--frameworks jax,pytorch]`
+"""`python -m workers --hardware cpu [--devices 0,1] [--cpu-devices 2] [--frameworks jax,pytorch]`
 
 Pins the process to its hardware before any framework is imported, checks which frameworks
 really use that hardware, and consumes `<hardware>.<framework>` for each of them with a solo
@@ -21,6 +21,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hardware", choices=["cpu", "gpu", "tpu"], default="cpu")
     parser.add_argument("--devices", type=lambda s: [int(d) for d in s.split(",") if d != ""], default=None,
                         help="device indices to pin to, e.g. 0,1 (cpu: core numbers)")
+    parser.add_argument("--cpu-devices", type=int, default=1,
+                        help="cpu only: how many devices the worker's cores count as for data parallel jobs "
+                             "(spec devices > 1); at most the cores it owns")
     parser.add_argument("--frameworks", type=lambda s: [f for f in s.split(",") if f], default=list(FRAMEWORKS),
                         help="frameworks to serve, e.g. jax,pytorch")
     parser.add_argument("--loglevel", default="INFO")
@@ -34,7 +37,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        pin(args.hardware, args.devices)  # before jax or torch is imported anywhere
+        pin(args.hardware, args.devices, args.cpu_devices)  # before jax or torch is imported anywhere
+    except ValueError as exc:
+        print(f"trainhub worker: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # e.g. --devices names a core this host (or cgroup) does not have
         print(f"trainhub worker: cannot pin to {args.hardware} devices {args.devices}: {exc}", file=sys.stderr)
         return 2

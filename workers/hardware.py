@@ -10,13 +10,19 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from app.queue import queues_served
+
 FRAMEWORKS = ("jax", "pytorch")
 
 
-def pin(hardware: str, devices: list[int] | None) -> None:
-    """Restrict this process to `devices` of `hardware` (all when None).
+def pin(hardware: str, devices: list[int] | None, cpu_devices: int = 1) -> None:
+    """Restrict this process to `devices` of `hardware` (all when None). On cpu, `cpu_devices`
+    is how many devices its cores count as for data parallel jobs: XLA host devices for JAX
+    (--xla_force_host_platform_device_count) and DDP processes for PyTorch; 1 (the default)
+    keeps one JAX device that uses every core.
 
-    Raises RuntimeError when a framework was imported already: pinning would come too late.
+    Raises RuntimeError when a framework was imported already (pinning would come too late) and
+    ValueError when cpu_devices is more than the cores the process owns.
     """
     imported = [m for m in ("jax", "torch") if m in sys.modules]
     if imported:
@@ -39,9 +45,15 @@ def pin(hardware: str, devices: list[int] | None) -> None:
     else:
         if devices is not None:
             os.sched_setaffinity(0, devices)
-        threads = str(len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
+        if not 1 <= cpu_devices <= cores:
+            raise ValueError(f"--cpu-devices {cpu_devices} must be between 1 and the {cores} core(s) this worker owns")
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            os.environ[var] = threads
+            os.environ[var] = str(cores)
+        if cpu_devices > 1:
+            flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+            os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={cpu_devices}"])
+        os.environ["TRAINHUB_CPU_DEVICES"] = str(cpu_devices)
         # A cpu worker must never grab a GPU by accident.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -49,7 +61,8 @@ def pin(hardware: str, devices: list[int] | None) -> None:
 
 @dataclass
 class Capabilities:
-    """What a pinned worker can serve: queues like `cpu.jax`, its devices and versions."""
+    """What a pinned worker can serve: queues like `cpu.jax` (and `cpu.jax.x2` with two devices:
+    app.queue.queues_served), its devices and versions."""
 
     hardware: str
     queues: list[str] = field(default_factory=list)
@@ -68,7 +81,7 @@ def detect(hardware: str, frameworks: list[str]) -> Capabilities:
         except Exception as exc:  # an import error or a missing device: not served
             caps.refused[framework] = f"{type(exc).__name__}: {exc}"
             continue
-        caps.queues.append(f"{hardware}.{framework}")
+        caps.queues.extend(queues_served(hardware, framework, len(devices)))
         caps.versions[framework] = version
         caps.devices = sorted(set(caps.devices) | set(devices))
     return caps
@@ -95,8 +108,8 @@ def _check_jax(hardware: str) -> tuple[list[str], str]:
 def _check_torch(hardware: str) -> tuple[list[str], str]:
     import torch
 
-    if hardware == "cpu":
-        return ["cpu:0"], torch.__version__
+    if hardware == "cpu":  # DDP runs one process per device, each on its own core
+        return [f"cpu:{i}" for i in range(int(os.environ.get("TRAINHUB_CPU_DEVICES", "1")))], torch.__version__
     if hardware == "gpu":
         if not torch.cuda.is_available():
             build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"

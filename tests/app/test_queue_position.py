@@ -52,3 +52,27 @@ def test_position_counts_the_queued_jobs_ahead_in_the_same_queue(api, auth, rows
     assert last["waiting_reason"] == f"waiting for a free worker on tpu.pytorch ({first - 1} job(s) ahead)"
     listed = {j["id"]: j for j in api.get("/jobs", headers=auth).json()["items"]}
     assert listed[jobs[2]["id"]]["queue_position"] == first
+
+
+def test_a_data_parallel_job_has_its_own_queue_and_waits_for_a_worker_owning_its_devices(api, auth, serve):
+    two = {"framework": "jax", "hardware": "gpu", "dataset": {"name": "digits"}, "devices": 2}
+    one_device = api.post("/jobs", json={**two, "devices": 1}, headers=auth).json()
+    jobs = [api.post("/jobs", json={**two, "seed": seed}, headers=auth).json() for seed in range(2)]
+    assert jobs[1]["queue_position"] == jobs[0]["queue_position"] + 1  # counted in gpu.jax.x2 only
+    assert jobs[0]["waiting_reason"] == (
+        "no online worker owns 2 gpu devices for jax (queue gpu.jax.x2); start one with "
+        "`trainhub worker --hardware gpu --devices <2 device indices>`")
+
+    serve("gpu.jax")  # a one-device worker: the one-device job may run, the others still wait
+    assert api.get(f"/jobs/{one_device['id']}", headers=auth).json()["waiting_reason"].startswith(
+        "waiting for a free worker on gpu.jax ")
+    assert api.get(f"/jobs/{jobs[0]['id']}", headers=auth).json()["waiting_reason"].startswith(
+        "no online worker owns 2 gpu devices")
+    queues = {q["name"]: q for q in api.get("/workers", headers=auth).json()["queues"]}
+    assert queues["gpu.jax.x2"]["depth"] >= 2 and queues["gpu.jax.x2"]["workers_online"] == 0
+
+    serve("gpu.jax.x2")
+    waiting = api.get(f"/jobs/{jobs[1]['id']}", headers=auth).json()["waiting_reason"]
+    assert waiting == f"waiting for a free worker on gpu.jax.x2 ({jobs[1]['queue_position'] - 1} job(s) ahead)"
+    for job in (one_device, *jobs):
+        api.post(f"/jobs/{job['id']}/cancel", headers=auth)

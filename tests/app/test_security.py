@@ -8,6 +8,7 @@ import json
 import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -336,6 +337,24 @@ def test_too_many_submissions_per_minute_is_429_with_retry_after(api, auth, make
     assert count_jobs() == before + 3
     # per key: another key is not held back
     assert api.post("/jobs", json=DIGITS, headers=bearer(make_key("other"))).status_code == 201
+
+
+def test_retry_after_is_when_enough_submissions_have_left_the_window(api, auth, monkeypatch):
+    from app.db import session_scope
+    from app.models import Job, utcnow
+
+    ids = [api.post("/jobs", json={**DIGITS, "seed": i}, headers=auth).json()["id"] for i in range(4)]
+    now = utcnow()
+    with session_scope() as session:  # made 50, 40, 30 and 20 s ago
+        for job_id, age_s in zip(ids, (50, 40, 30, 20)):
+            session.get(Job, job_id).created_at = now - timedelta(seconds=age_s)
+        session.commit()
+    set_limits(monkeypatch, max_submissions_per_minute=3)
+    response = api.post("/jobs", json=DIGITS, headers=auth)
+    assert response.status_code == 429
+    assert "this key created 4 job(s) in the last minute" in response.json()["detail"]
+    # Two of the four must leave the window for a fifth to fit: the one of 40 s ago does in 20 s.
+    assert int(response.headers["Retry-After"]) in (19, 20)
 
 
 def test_concurrent_submissions_of_one_key_never_pass_the_limit_together(api, auth, monkeypatch):

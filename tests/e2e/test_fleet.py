@@ -175,3 +175,28 @@ def test_a_worker_whose_heartbeat_stops_is_offline_and_its_job_is_not_left_runni
     assert done["attempts"] == 2
     assert [m["epoch"] for m in done["metrics"]] == list(range(1, 16))
     assert fleet.worker_row(torch_worker)["online"]
+
+
+def test_a_data_parallel_job_waits_for_a_worker_that_owns_its_devices(fleet):
+    client = fleet.client
+    # The workers so far own one core (one device) each: a job asking for two waits, saying why.
+    ddp = {**DIGITS, "batch_size": 64, "devices": 2}
+    waiting = client.submit({**ddp, "framework": "pytorch"})
+    reason = ("no online worker owns 2 cpu devices for pytorch (queue cpu.pytorch.x2); start one with "
+              "`trainhub worker --hardware cpu --devices <2 device indices>`")
+    wait_for(lambda: client.get(waiting["id"])["waiting_reason"] == reason, 20, "the two-device job to wait")
+    assert client.get(waiting["id"])["queue_position"] == 1
+
+    if len(os.sched_getaffinity(0)) < 2:
+        client.cancel(waiting["id"])
+        pytest.skip("a two-device cpu worker needs two cores")
+    wide = fleet.start_worker("wide", "--hardware", "cpu", "--devices", "0,1", "--cpu-devices", "2")
+    row = fleet.worker_row(wide)
+    assert row["queues"] == ["cpu.jax", "cpu.jax.x2", "cpu.pytorch", "cpu.pytorch.x2"]
+    assert row["devices"] == ["cpu:0", "cpu:1"]
+    jax_job = client.submit({**ddp, "framework": "jax"})
+    for job in (client.wait(waiting["id"], timeout_s=180), client.wait(jax_job["id"], timeout_s=180)):
+        assert job["status"] == "succeeded", job["error"]
+        assert job["worker"]["name"] == wide and job["worker"]["devices"] == ["cpu:0", "cpu:1"]
+        assert len(job["metrics"]) == 1 and job["result"]["test_accuracy"] > 0.5
+    fleet.workers.pop("wide").terminate()

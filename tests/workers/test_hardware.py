@@ -20,7 +20,7 @@ SPY = r"""
 import importlib.abc, json, os, sys
 
 VARS = ["CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "TPU_VISIBLE_CHIPS",
-        "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"]
+        "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS"]
 seen = {}
 
 class Spy(importlib.abc.MetaPathFinder):
@@ -44,7 +44,8 @@ print("RESULT " + json.dumps({"rc": rc, "seen": seen, "worker_argv": worker_argv
 
 # Set by the test runner's machine or an earlier test, they would hide what the worker sets.
 PINNING_VARS = ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "TPU_VISIBLE_CHIPS",
-                "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+                "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                "XLA_FLAGS", "TRAINHUB_CPU_DEVICES")
 HAS_GPU = shutil.which("nvidia-smi") is not None
 
 
@@ -125,6 +126,32 @@ def test_trainhub_worker_gpu_exits_nonzero_on_a_host_without_one():
     assert "torch.cuda.is_available() is False" in done.stderr
     assert "jax" in done.stderr and "no gpu backend" in done.stderr
     assert "nothing to do" in done.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_cpu_worker_counted_as_two_devices_serves_the_two_device_queues(services_env):
+    from sqlalchemy import delete, select
+
+    from app.db import session_scope
+    from app.models import Worker
+
+    result, done = run_worker(["--hardware", "cpu", "--devices", "0,1", "--cpu-devices", "2"], services_env)
+    assert result["rc"] == 0, done.stderr[-3000:]
+    assert result["seen"]["jax"]["env"]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+    assert "--queues=cpu.jax,cpu.jax.x2,cpu.pytorch,cpu.pytorch.x2" in result["worker_argv"]
+    name = next(line.split()[2] for line in done.stdout.splitlines() if line.startswith("trainhub worker "))
+    with session_scope() as session:
+        row = session.scalars(select(Worker).where(Worker.name == name)).one()
+        assert row.devices == ["cpu:0", "cpu:1"]
+        session.execute(delete(Worker).where(Worker.name == name))
+        session.commit()
+
+
+def test_a_worker_asked_for_more_cpu_devices_than_cores_exits_2_saying_so():
+    cores = len(os.sched_getaffinity(0))
+    result, done = run_worker(["--hardware", "cpu", "--cpu-devices", str(cores + 1)])
+    assert result["rc"] == 2 and result["worker_argv"] == []
+    assert f"--cpu-devices {cores + 1} must be between 1 and the {cores} core(s) this worker owns" in done.stderr
 
 
 def test_a_worker_that_cannot_store_artifacts_serves_nothing(services_env, s3_env):

@@ -11,15 +11,17 @@ One run measures, on the same data and machine, in turns:
    trainhub's JAX trainer and PyTorch trainer (eager and with "compile": true) called
    directly with `trainers.fit`;
 3. cost against size: the trainers on synthetic data of N and 4N samples;
-4. the service: uvicorn and a cpu worker over PostgreSQL and Redis; identical jobs run cold
+4. the CNN rows: both trainers on the same small CNN (conv 32, conv 64, dense 128) on a slice
+   of the data, against the CNN's own floor (its FLOPs at the matmul rate);
+5. the service: uvicorn and a cpu worker over PostgreSQL and Redis; identical jobs run cold
    then warm (submit-to-succeeded minus the job's setup_s + train_s; the JAX compilation
    cache), then consecutive jobs while the worker's resident memory is read;
-5. the API under load from a second process: POST /jobs flat out, then GET /jobs/{id} at a
+6. the API under load from a second process: POST /jobs flat out, then GET /jobs/{id} at a
    steady rate; every accepted job must be stored and queued exactly once.
 
 It prints the tables and a PASS/FAIL line per target of issue 3, and writes bench/results.json.
 `--quick` runs every part at toy sizes (under a minute): a smoke test of the code, not a
-measurement. `--only api` runs part 5 alone (the service started, no training jobs), for work on
+measurement. `--only api` runs part 6 alone (the service started, no training jobs), for work on
 the API's throughput. The service parts use their own database and Redis db (see --database-url,
 --redis-url) and are skipped, saying why, when those are unreachable.
 """
@@ -38,6 +40,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench import flops as flops_model
 from bench import report
 from bench.procs import die_with_parent
 from bench.loops import CNN_LOOPS, ISSUE_LOOPS, RESULT_PREFIX, steady
@@ -46,8 +49,6 @@ DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 
-# The seeds' MLP: 784-256-128-10.
-LAYERS = [784, 256, 128, 10]
 
 
 @dataclass
@@ -73,6 +74,11 @@ class Config:
     # its GIL), which on 2 cores, the load generator included, takes more POSTs and GETs a second.
     api_workers: int = 2
     matmul_sizes: str = "2048,3072"
+    # The CNN rows: both trainers on the same CNN spec, on a slice of the data (an epoch of the
+    # full 60000 costs ~40 s on 2 cores), one process per loop.
+    cnn_epochs: int = 3
+    cnn_train_limit: int | None = 12800
+    cnn_rounds: int = 1
     loops: tuple[str, ...] = ISSUE_LOOPS
     one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process
 
@@ -81,7 +87,7 @@ class Config:
         return cls(epochs=2, rounds=1, train_limit=1280, test_limit=500, linear_n=1024, linear_epochs=2,
                    service_epochs=1, service_train_limit=1280, rss_jobs=3, rss_train_limit=1280,
                    api_post_s=1.0, api_get_s=1.0, api_get_rate=50.0, api_concurrency=4,
-                   matmul_sizes="256,512", one_process=True)
+                   matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, one_process=True)
 
 
 def log(message: str) -> None:
@@ -101,19 +107,6 @@ def run_loops(names: list[str], args: list[str], env: dict[str, str], timeout_s:
     if out.returncode != 0 or set(results) != set(names):
         raise RuntimeError(f"{' '.join(command[2:])} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return results
-
-
-def model_flops_per_epoch(samples: int) -> dict:
-    """FLOPs of one epoch of the MLP, forward and backward.
-
-    `flops` follows the usual 6 x multiply-adds x samples (2 forward, 4 backward: the gradients
-    of the weights and of the inputs of each layer), the convention of the issue's 85 GFLOP.
-    `flops_needed` leaves out the input gradient of the first layer, which nothing uses and
-    both trainers skip; the floor uses `flops`, as the issue does.
-    """
-    macs = sum(a * b for a, b in zip(LAYERS[:-1], LAYERS[1:]))
-    return {"macs_per_sample": macs, "samples": samples, "flops": 6 * macs * samples,
-            "flops_needed": (6 * macs - 2 * LAYERS[0] * LAYERS[1]) * samples}
 
 
 def summarize_loop(rounds: list[dict]) -> dict:
@@ -179,6 +172,25 @@ def measure_loops(config: Config, env: dict[str, str], done: dict[str, dict] | N
             by_loop[name].append(result)
             log(f"  epochs {[round(t, 3) for t in result['epoch_times']]}, accuracy {result['test_accuracy'][-1]:.4f}")
     return {name: summarize_loop(rounds) for name, rounds in by_loop.items()}
+
+
+def measure_cnn(config: Config, env: dict[str, str]) -> dict:
+    """Both trainers on the CNN, `config.cnn_rounds` processes each; their figures as measure_loops'."""
+    args = ["--epochs", str(config.cnn_epochs), "--dataset", config.dataset]
+    if config.cnn_train_limit:
+        args += ["--train-limit", str(config.cnn_train_limit)]
+    if config.test_limit:
+        args += ["--test-limit", str(config.test_limit)]
+    by_loop: dict[str, list[dict]] = {name: [] for name in CNN_LOOPS}
+    for r in range(config.cnn_rounds):
+        for name in (CNN_LOOPS if r % 2 == 0 else CNN_LOOPS[::-1]):
+            log(f"cnn {r + 1}/{config.cnn_rounds}: {name} ({config.cnn_epochs} epochs, {config.cnn_train_limit} samples)")
+            result = run_loops([name], args, env)[name]
+            by_loop[name].append(result)
+            log(f"  epochs {[round(t, 3) for t in result['epoch_times']]}, accuracy {result['test_accuracy'][-1]:.4f}")
+    return {"model": "conv 32, conv 64, dense 128", "epochs": config.cnn_epochs,
+            "samples": by_loop[CNN_LOOPS[0]][0]["samples"],
+            "loops": {name: summarize_loop(rounds) for name, rounds in by_loop.items()}}
 
 
 def measure_linearity(config: Config, env: dict[str, str], done: dict[str, dict] | None = None) -> dict:
@@ -359,8 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=os.environ.get("TRAINHUB_BENCH_REDIS_URL", DEFAULT_REDIS_URL),
                         help="Redis for the service parts (env TRAINHUB_BENCH_REDIS_URL)")
     parser.add_argument("--skip-service", action="store_true", help="skip the service and API parts")
-    parser.add_argument("--cnn", action="store_true", help="also time both trainers on the CNN (slow: tens of "
-                                                           "seconds an epoch on 2 cores)")
+    parser.add_argument("--skip-cnn", action="store_true", help="skip the CNN rows (both trainers on the CNN)")
     parser.add_argument("--only", choices=["api"], help="run one part alone: api (POST and GET load against the "
                                                         "service; results written only with --out)")
     parser.add_argument("--api-workers", type=int, help=f"uvicorn processes serving the API (default "
@@ -374,8 +385,6 @@ def main(argv: list[str] | None = None) -> int:
         config.epochs = args.epochs
     if args.rounds:
         config.rounds = args.rounds
-    if args.cnn:
-        config.loops = ISSUE_LOOPS + CNN_LOOPS
     if args.api_workers:
         config.api_workers = args.api_workers
     if args.only == "api":
@@ -409,13 +418,18 @@ def main(argv: list[str] | None = None) -> int:
         results["linearity"] = measure_linearity(config, env, done)
         if not done:
             probes.append(probe("after the linearity runs"))
+        if not args.skip_cnn:
+            results["cnn"] = measure_cnn(config, env)
         best = max(probes, key=lambda p: p["gflops"])
         samples = (config.train_limit or 60000) if config.dataset in ("fashion-mnist", "mnist") else config.train_limit
-        flops = model_flops_per_epoch(samples)
+        flops = flops_model.mlp_flops_per_epoch(samples)
         results["machine"] = {"matmul_gflops": best["gflops"], "matmul_by_framework": best["by_framework"],
                               "probes": probes}
-        results["floor"] = {**flops, "floor_s": flops["flops"] / (best["gflops"] * 1e9),
-                            "floor_needed_s": flops["flops_needed"] / (best["gflops"] * 1e9)}
+        results["floor"] = {**flops, "floor_s": flops_model.floor_s(flops["flops"], best["gflops"]),
+                            "floor_needed_s": flops_model.floor_s(flops["flops_needed"], best["gflops"])}
+        if "cnn" in results:
+            cnn_flops = flops_model.cnn_flops_per_epoch(results["cnn"]["samples"])
+            results["cnn"]["floor"] = {**cnn_flops, "floor_s": flops_model.floor_s(cnn_flops["flops"], best["gflops"])}
 
         if args.skip_service:
             results["service"] = {"skipped": "--skip-service"}
@@ -456,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         *report.loop_table(results),
         "",
     ]
+    cnn_lines = report.cnn_table(results)
+    if cnn_lines:
+        lines += [*cnn_lines, ""]
     service_lines = report.service_table(results)
     if service_lines:
         lines += [*service_lines, ""]

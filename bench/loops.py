@@ -33,8 +33,7 @@ import time
 
 import numpy as np
 
-# The loops issue 3 compares, which every run measures; the CNN ones (tens of seconds an epoch
-# on 2 cores) only when asked for (`python -m bench --cnn`).
+# The loops issue 3 compares; the CNN ones run apart, on a slice of the data (bench.__main__.measure_cnn).
 ISSUE_LOOPS = ("jax_seed", "jax_trainer", "torch_seed", "torch_seed_tensor", "torch_trainer", "torch_compile")
 CNN_LOOPS = ("jax_cnn", "torch_cnn")
 LOOPS = ISSUE_LOOPS + CNN_LOOPS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -84,6 +84,34 @@ class MLP(nn.Module):
         return logits.astype(jnp.float32)
 
 
+class PatchConv(nn.Module):
+    """A 3x3 "SAME" convolution as one matmul over the 9 shifted copies of the input (im2col):
+    x [B, H, W, C] -> [B, H, W, 9C] @ kernel.reshape(9C, features) + bias -> [B, H, W, features].
+
+    The same function and parameters as nn.Conv (`kernel` [3, 3, C, features] HWIO, `bias`), for
+    XLA on the CPU, whose convolution gradients inside the epoch's lax.scan run as plain loops:
+    measured on 2 cores, batch 128, conv 32 -> conv 64, one train step took ~2 s with nn.Conv
+    and ~90 ms this way (PyTorch's eager step: ~60 ms). Its gradients are slices, pads and
+    matmuls, which XLA runs at the matmul rate."""
+
+    features: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        height, width, channels = x.shape[1:]
+        kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                            (CONV_KERNEL, CONV_KERNEL, channels, self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        pad = CONV_KERNEL // 2
+        padded = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+        # (row offset, column offset, channel) order: the order of kernel.reshape's rows.
+        patches = jnp.concatenate([padded[:, i:i + height, j:j + width, :]
+                                   for i in range(CONV_KERNEL) for j in range(CONV_KERNEL)], axis=-1)
+        matrix = kernel.reshape(CONV_KERNEL * CONV_KERNEL * channels, self.features).astype(self.dtype)
+        return patches.astype(self.dtype) @ matrix + bias.astype(self.dtype)
+
+
 class CNN(MLP):
     """x float32 [B, side*side] -> [B, side, side, 1] (NHWC) -> per `channels`: 3x3 conv ("SAME"),
     [batch norm], ReLU, 2x2 max pool -> flattened in PyTorch's (C, H, W) order -> the MLP head.
@@ -93,13 +121,18 @@ class CNN(MLP):
     """
 
     channels: Sequence[int] = (32, 64)
+    conv_as_matmul: bool = False  # PatchConv instead of nn.Conv (on the CPU: see PatchConv)
 
     @nn.compact
     def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
         side = math.isqrt(x.shape[-1])
         x = x.reshape(x.shape[0], side, side, 1).astype(self.dtype)
         for i, channels in enumerate(self.channels):
-            x = nn.Conv(channels, (CONV_KERNEL, CONV_KERNEL), padding="SAME", name=f"convs_{i}", dtype=self.dtype)(x)
+            if self.conv_as_matmul:
+                x = PatchConv(channels, name=f"convs_{i}", dtype=self.dtype)(x)
+            else:
+                x = nn.Conv(channels, (CONV_KERNEL, CONV_KERNEL), padding="SAME", name=f"convs_{i}",
+                            dtype=self.dtype)(x)
             if self.batch_norm:
                 x = BatchNorm(name=f"conv_norms_{i}")(x, train=train)
             x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
@@ -112,7 +145,7 @@ def build(model: ModelSpec, num_classes: int, dtype=jnp.float32) -> MLP:
     common = dict(hidden_sizes=tuple(model.hidden_sizes), num_classes=num_classes, dropout=model.dropout,
                   batch_norm=model.batch_norm, dtype=dtype)
     if model.name == "cnn":
-        return CNN(channels=tuple(model.channels), **common)
+        return CNN(channels=tuple(model.channels), conv_as_matmul=jax.default_backend() == "cpu", **common)
     return MLP(**common)
 
 

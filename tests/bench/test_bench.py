@@ -60,6 +60,12 @@ def test_quick_run_measures_every_part(quick):
     for c in results["criteria"]:
         assert f"] {c['name']}: " in stdout
     assert "steady s" in stdout and "submit->done" in stdout
+    # The CNN rows: both trainers on the same CNN, with its own floor.
+    cnn = results["cnn"]
+    assert set(cnn["loops"]) == {"jax_cnn", "torch_cnn"} and cnn["floor"]["floor_s"] > 0
+    assert cnn["loops"]["jax_cnn"]["compilations"] == 1
+    assert all(len(loop["rounds"][0]["epoch_times"]) == results["config"]["cnn_epochs"] for loop in cnn["loops"].values())
+    assert "trainhub JAX trainer (flax, scan)" in stdout and "x floor" in stdout
 
 
 @pytest.mark.e2e

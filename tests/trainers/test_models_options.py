@@ -262,3 +262,27 @@ def test_bf16_models_compute_in_bfloat16_with_float32_params():
         torch_logits = torch_model(torch.tensor(x))
     assert torch_logits.dtype == torch.bfloat16 and torch_model.layers[0].weight.dtype == torch.float32
     np.testing.assert_allclose(torch_logits.float().detach().numpy(), forward(weights, x), atol=0.1)
+
+
+def test_the_cpu_convolution_as_a_matmul_is_nn_conv_with_the_same_params_and_gradients():
+    """PatchConv (im2col + matmul, what a JAX cnn uses on the CPU) against flax's nn.Conv."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from trainers.jax_models import PatchConv
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 7, 9, 3))
+    conv = nn.Conv(5, (3, 3), padding="SAME")
+    params = conv.init(jax.random.PRNGKey(1), x)
+    params = jax.tree.map(lambda p: p + 0.1, params)  # a nonzero bias too
+    patch = PatchConv(5)
+    assert jax.tree.map(jnp.shape, patch.init(jax.random.PRNGKey(2), x)) == jax.tree.map(jnp.shape, params)
+
+    def loss(module):
+        return lambda p, x: jnp.sum(jnp.sin(module.apply(p, x)))
+
+    np.testing.assert_allclose(patch.apply(params, x), conv.apply(params, x), rtol=1e-5, atol=1e-5)
+    for got, want in zip(jax.grad(loss(patch), argnums=(0, 1))(params, x), jax.grad(loss(conv), argnums=(0, 1))(params, x)):
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from bench import report
-from bench.__main__ import model_flops_per_epoch, summarize_loop
+from bench.__main__ import summarize_loop
+from bench.flops import cnn_macs_per_sample, mlp_flops_per_epoch
 from bench.service import check_reachable
 from tests.e2e.conftest import forget_unfinished_jobs
 
@@ -108,10 +109,16 @@ def test_unreachable_services_are_named():
 
 
 def test_flops_follow_the_issue():
-    flops = model_flops_per_epoch(60000)
+    flops = mlp_flops_per_epoch(60000)
     assert flops["macs_per_sample"] == 784 * 256 + 256 * 128 + 128 * 10
     assert flops["flops"] / 1e9 == pytest.approx(84.5, abs=0.1)  # "about 85 GFLOP per epoch"
     assert flops["flops_needed"] < flops["flops"]
+
+
+def test_cnn_flops_count_each_conv_at_its_input_size():
+    # conv 1->32 on 28x28, pool to 14x14, conv 32->64, pool to 7x7, dense 3136->128->10
+    expected = 28 * 28 * 1 * 32 * 9 + 14 * 14 * 32 * 64 * 9 + 7 * 7 * 64 * 128 + 128 * 10
+    assert cnn_macs_per_sample() == expected
 
 
 def test_steady_epoch_is_the_best_rounds_median():

@@ -39,6 +39,8 @@ def up(
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
     var_dir: Annotated[Path, typer.Option(help="SQLite, broker and artifacts live here")] = Path("var"),
     workers: Annotated[int, typer.Option(min=1, max=8)] = 1,
+    cpu_devices: Annotated[int, typer.Option(min=1, help="devices each worker's cores count as, for data "
+                                             "parallel jobs (spec devices > 1)")] = 1,
 ) -> None:
     """The embedded stack: the API and cpu worker(s) over SQLite and a local broker under VAR_DIR.
 
@@ -54,7 +56,7 @@ def up(
     with Session(make_engine(url)) as session:
         _, secret = create_key(session, "up")
     port = port or stack.free_port()
-    running = stack.start(settings.var_dir, host, port, workers)
+    running = stack.start(settings.var_dir, host, port, workers, cpu_devices)
     stopped = threading.Event()
 
     def on_signal(signum, _frame) -> None:
@@ -477,13 +479,21 @@ def compare(
 def comparison_table(comparison: dict) -> Table:
     """The seeds' "Side by side" table, with measured numbers and the JAX/PyTorch ratio."""
     spec = comparison["spec"]
-    table = Table(title=f"{spec['dataset']['name']} MLP {spec['model']['hidden_sizes']} on {spec['hardware']}, "
+    table = Table(title=f"{spec['dataset']['name']} {model_summary(spec['model'])} on {spec['hardware']}, "
                         f"{spec['epochs']} epochs", caption=(comparison["parity"] or {}).get("message"))
     for column in ("", "PyTorch", "JAX", "JAX / PyTorch"):
         table.add_column(column, justify="left" if not column else "right")
     for row in comparison["table"] or []:
         table.add_row(row["metric"], _number(row["pytorch"]), _number(row["jax"]), _number(row["ratio"]))
     return table
+
+
+def model_summary(model: dict) -> str:
+    """e.g. "MLP [256, 128]" or "CNN conv [32, 64], dense [128], batch norm"."""
+    name = model.get("name", "mlp")
+    text = f"CNN conv {model.get('channels')}, dense {model['hidden_sizes']}" if name == "cnn" else \
+        f"MLP {model['hidden_sizes']}"
+    return text + (", batch norm" if model.get("batch_norm") else "")
 
 
 def _number(value) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -86,13 +88,14 @@ def table(comparison: Comparison) -> list[dict]:
 
 def _values(job: Job, parameters: int) -> dict:
     timings, result = job.timings or {}, job.result or {}
-    later = sorted(m.samples_per_s for m in job.metrics[1:]) or [m.samples_per_s for m in job.metrics]
+    # Epochs 2..n, as steady_epoch_s (the first when alone); their median, as steady_epoch_s's.
+    later = [m.samples_per_s for m in job.metrics[1:]] or [m.samples_per_s for m in job.metrics]
     return {
         "parameters": parameters,
         "compile_s": timings.get("compile_s"),
         "first_epoch_s": timings.get("first_epoch_s"),
         "steady_epoch_s": timings.get("steady_epoch_s"),
-        "samples_per_s": later[len(later) // 2] if later else None,
+        "samples_per_s": statistics.median(later) if later else None,
         "test_accuracy": result.get("test_accuracy"),
         "test_loss": result.get("test_loss"),
     }

@@ -194,12 +194,20 @@ def waiting_reason(session: Session, job: Job, served: set[str], position: int |
         return None
     if job.queue not in served:
         if job.devices > 1:
-            return (f"no online worker owns {job.devices} {job.hardware} devices for {job.framework} "
-                    f"(queue {job.queue}); start one with `trainhub worker --hardware {job.hardware} "
-                    f"--devices <{job.devices} device indices>`")
+            return f"no online worker owns {job.devices} {job.hardware} devices for {job.framework} " \
+                   f"(queue {job.queue}); start one with `{worker_command(job.hardware, job.devices)}`"
         return f"no online worker serves {job.queue}"
     ahead = (position or queue_position(session, job)) - 1
     return f"waiting for a free worker on {job.queue} ({ahead} job(s) ahead)"
+
+
+def worker_command(hardware: str, devices: int) -> str:
+    """The command that starts a worker owning `devices` devices of `hardware`: on cpu each core
+    is pinned (--devices) and counted as a device (--cpu-devices); gpu and tpu count the ones listed."""
+    indices = ",".join(str(i) for i in range(devices))
+    if hardware == "cpu":
+        return f"trainhub worker --hardware cpu --devices {indices} --cpu-devices {devices}"
+    return f"trainhub worker --hardware {hardware} --devices {indices}"
 
 
 def queue_position(session: Session, job: Job) -> int | None:

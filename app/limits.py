@@ -144,7 +144,7 @@ def check_quota(session: Session, owner: ApiKey, new_jobs: int = 1, settings: Se
     queued, recent = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()
     if queued + new_jobs > s.max_queued_jobs_per_key:
         raise QuotaExceeded(
-            f"this key has {queued} job(s) queued; the limit is {s.max_queued_jobs_per_key} "
+            f"this key has {queued} job(s) queued{_and_this(new_jobs)}; the limit is {s.max_queued_jobs_per_key} "
             f"(max_queued_jobs_per_key, set by TRAINHUB_MAX_QUEUED_JOBS_PER_KEY): wait for some to start "
             "or cancel some"
         )
@@ -157,11 +157,15 @@ def check_quota(session: Session, owner: ApiKey, new_jobs: int = 1, settings: Se
     if excess > 0:
         retry_after = seconds_until_freed(session, owner, since, now, excess)
         raise QuotaExceeded(
-            f"this key created {recent} job(s) in the last minute; the limit is "
+            f"this key created {recent} job(s) in the last minute{_and_this(new_jobs)}; the limit is "
             f"{s.max_submissions_per_minute} per minute (max_submissions_per_minute, set by "
             f"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE): retry in {retry_after} s",
             retry_after,
         )
+
+
+def _and_this(new_jobs: int) -> str:
+    return f" and this request creates {new_jobs} more" if new_jobs > 1 else ""
 
 
 def seconds_until_freed(session: Session, owner: ApiKey, since: datetime, now: datetime, excess: int) -> int:

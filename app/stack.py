@@ -72,16 +72,17 @@ def embedded_env(var_dir: Path) -> dict[str, str]:
     return env
 
 
-def start(var_dir: Path, host: str, port: int, workers: int = 1) -> Stack:
-    """Start the API and `workers` cpu workers, logging to `<var_dir>/logs/`; the caller waits
-    for readiness and stops them."""
+def start(var_dir: Path, host: str, port: int, workers: int = 1, cpu_devices: int = 1) -> Stack:
+    """Start the API and `workers` cpu workers (each counting as `cpu_devices` devices), logging
+    to `<var_dir>/logs/`; the caller waits for readiness and stops them."""
     env = embedded_env(var_dir)
     logs = var_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     stack = Stack(url=f"http://{host}:{port}")
     commands = {"api": [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port)]}
     for i in range(workers):
-        commands[f"worker-{i}"] = [sys.executable, "-m", "workers", "--hardware", "cpu"]
+        commands[f"worker-{i}"] = [sys.executable, "-m", "workers", "--hardware", "cpu",
+                                   "--cpu-devices", str(cpu_devices)]
     for name, command in commands.items():
         with open(logs / f"{name}.log", "ab") as log:  # the child keeps its own copy of the fd
             stack.processes.append(subprocess.Popen(

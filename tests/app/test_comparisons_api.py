@@ -63,3 +63,24 @@ def test_comparisons_are_private(api, auth, make_key):
     assert api.get(f"/comparisons/{comparison['id']}", headers=other).status_code == 404
     assert api.post(f"/comparisons/{comparison['id']}/cancel", headers=other).status_code == 404
     assert api.get("/comparisons", headers=other).json() == []
+
+
+def test_the_tables_samples_per_s_is_the_median_of_epochs_2_to_n():
+    from app.comparisons import _values
+    from app.models import EpochMetric
+
+    job = Job(timings={}, result={}, metrics=[EpochMetric(epoch=e, samples_per_s=rate)
+                                            for e, rate in enumerate([50.0, 300.0, 100.0, 1100.0], start=1)])
+    assert _values(job, 10)["samples_per_s"] == 300.0  # epochs 2..4: 300, 100, 1100
+    job.metrics = job.metrics[:3] + [EpochMetric(epoch=4, samples_per_s=200.0), EpochMetric(epoch=5, samples_per_s=900.0)]
+    assert _values(job, 10)["samples_per_s"] == 250.0  # an even count: between the middle two
+    job.metrics = job.metrics[:1]
+    assert _values(job, 10)["samples_per_s"] == 50.0  # one epoch: that one
+
+
+def test_the_compare_title_names_the_model():
+    from app.cli import model_summary
+
+    assert model_summary({"name": "mlp", "hidden_sizes": [256, 128]}) == "MLP [256, 128]"
+    assert model_summary({"name": "cnn", "channels": [32, 64], "hidden_sizes": [128], "batch_norm": True}) == \
+        "CNN conv [32, 64], dense [128], batch norm"

@@ -61,7 +61,7 @@ def test_a_data_parallel_job_has_its_own_queue_and_waits_for_a_worker_owning_its
     assert jobs[1]["queue_position"] == jobs[0]["queue_position"] + 1  # counted in gpu.jax.x2 only
     assert jobs[0]["waiting_reason"] == (
         "no online worker owns 2 gpu devices for jax (queue gpu.jax.x2); start one with "
-        "`trainhub worker --hardware gpu --devices <2 device indices>`")
+        "`trainhub worker --hardware gpu --devices 0,1`")
 
     serve("gpu.jax")  # a one-device worker: the one-device job may run, the others still wait
     assert api.get(f"/jobs/{one_device['id']}", headers=auth).json()["waiting_reason"].startswith(

@@ -4,12 +4,32 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
+_ADDED: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def forget_heartbeats(services_env):
+    """The database is shared: later tests must not see these workers online."""
+    yield
+    from sqlalchemy import delete
+
+    from app.db import session_scope
+    from app.models import Worker
+
+    with session_scope() as session:
+        session.execute(delete(Worker).where(Worker.name.in_(_ADDED)))
+        session.commit()
+    _ADDED.clear()
+
 
 def heartbeat(name: str, seconds_ago: float, queues: list[str], current_job_id: str | None = None) -> None:
     from app.db import session_scope
     from app.models import Worker, utcnow
 
     seen = utcnow() - timedelta(seconds=seconds_ago)
+    _ADDED.append(name)
     with session_scope() as session:
         session.add(Worker(name=name, hostname=name.split(":")[0], hardware=queues[0].split(".")[0], queues=queues,
                            devices=["cpu:0"], versions={"jax": "0.4.30"}, current_job_id=current_job_id,

@@ -183,7 +183,7 @@ def test_a_data_parallel_job_waits_for_a_worker_that_owns_its_devices(fleet):
     ddp = {**DIGITS, "batch_size": 64, "devices": 2}
     waiting = client.submit({**ddp, "framework": "pytorch"})
     reason = ("no online worker owns 2 cpu devices for pytorch (queue cpu.pytorch.x2); start one with "
-              "`trainhub worker --hardware cpu --devices <2 device indices>`")
+              "`trainhub worker --hardware cpu --devices 0,1 --cpu-devices 2`")
     wait_for(lambda: client.get(waiting["id"])["waiting_reason"] == reason, 20, "the two-device job to wait")
     assert client.get(waiting["id"])["queue_position"] == 1
 

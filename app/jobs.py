@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import re
 import uuid
 from datetime import datetime, timedelta
 
@@ -110,9 +111,27 @@ def is_id(value: str) -> bool:
 
 def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:
     """The owner's job, or None when it does not exist or belongs to someone else (an admin key
-    gets any job). Callers answer None with 404, never 403: an id reveals nothing."""
-    job = session.get(Job, job_id) if is_id(job_id) else None
+    gets any job). Callers answer None with 404, never 403: an id reveals nothing.
+
+    `job_id` may also be the first 8 or more characters of an id (as the CLI and dashboard show
+    them) when exactly one of the owner's jobs starts with them."""
+    if not is_id(job_id):
+        return _by_prefix(session, owner, job_id)
+    job = session.get(Job, job_id)
     return job if job is not None and (job.owner_id == owner.id or owner.is_admin) else None
+
+
+ID_PREFIX = re.compile(r"[0-9a-f]{8}[0-9a-f-]{0,27}")
+
+
+def _by_prefix(session: Session, owner: ApiKey, prefix: str) -> Job | None:
+    if not ID_PREFIX.fullmatch(prefix):
+        return None
+    query = select(Job).where(Job.id.startswith(prefix, autoescape=True)).limit(2)
+    if not owner.is_admin:
+        query = query.where(Job.owner_id == owner.id)
+    found = list(session.scalars(query))
+    return found[0] if len(found) == 1 else None
 
 
 def list_jobs(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 DIGITS = {"framework": "jax", "dataset": {"name": "digits"}, "epochs": 1}
@@ -129,3 +131,31 @@ def test_odd_ids_and_bodies_are_4xx_not_500(api, auth):
     response = api.post("/jobs", content=body, headers={**auth, "Content-Type": "application/json"})
     assert response.status_code == 422, response.text
     assert "name" in str(response.json()["detail"])
+
+
+def test_a_job_is_found_by_the_short_id_the_cli_shows_when_only_one_matches(api, auth, make_key):
+    from sqlalchemy import update
+
+    from app.db import session_scope
+    from app.models import Job
+
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    short = job["id"][:8]
+    assert api.get(f"/jobs/{short}", headers=auth).json()["id"] == job["id"]
+    assert api.get(f"/jobs/{short}/metrics", headers=auth).status_code == 200
+    other = {"Authorization": f"Bearer {make_key('other')}"}
+    assert api.get(f"/jobs/{short}", headers=other).status_code == 404  # another key's job: not found
+    for bad in (job["id"][:7], "%" * 8, "________", job["id"][:8].upper()):
+        assert api.get(f"/jobs/{bad}", headers=auth).status_code == 404, bad
+
+    # Two jobs starting with the same 8 characters: the short id names neither.
+    twins = [api.post("/jobs", json={**DIGITS, "seed": s}, headers=auth).json()["id"] for s in (1, 2)]
+    prefix = uuid.uuid4().hex[:8]  # the database outlives a test run: a new pair each time
+    new_ids = [f"{prefix}-0000-4000-8000-00000000000{i}" for i in (1, 2)]
+    with session_scope() as session:
+        for twin, new_id in zip(twins, new_ids):
+            session.execute(update(Job).where(Job.id == twin).values(id=new_id))
+        session.commit()
+    assert api.get(f"/jobs/{prefix}", headers=auth).status_code == 404
+    assert api.get(f"/jobs/{new_ids[0][:-1]}", headers=auth).status_code == 404
+    assert api.get(f"/jobs/{new_ids[1]}", headers=auth).json()["id"] == new_ids[1]

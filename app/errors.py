@@ -99,8 +99,35 @@ def _about_the_whole_body(error: dict, request: Request) -> dict:
     return {**error, "msg": f"{hint}; {error.get('msg', '')}"}
 
 
+def _at_the_field_it_names(error: dict) -> dict:
+    # A cross-field check of the spec (a model validator) is reported at the body as a whole; its
+    # message starts with the field to change ("batch_size 127 must be a multiple of devices",
+    # "model.batch_norm with devices above 1 ..."), so point `loc` at that field.
+    if tuple(error.get("loc", ())) != ("body",) or error.get("type") != "value_error":
+        return error
+    words = str(error.get("msg", "")).removeprefix("Value error, ").split()
+    path = words[0].split(".") if words else []
+    return {**error, "loc": ["body", *path]} if path and _is_spec_field(path) else error
+
+
+def _is_spec_field(path: list[str]) -> bool:
+    from pydantic import BaseModel
+
+    from trainers.spec import JobSpec
+
+    model: type | None = JobSpec
+    for name in path:
+        field = model.model_fields.get(name) if model is not None else None
+        if field is None:
+            return False
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return True
+
+
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [_about_the_whole_body(_echo(e), request) for e in exc.errors()]
+    errors = [_about_the_whole_body(_at_the_field_it_names(_echo(e)), request) for e in exc.errors()]
     return JSONResponse({"detail": _finite(jsonable_encoder(errors))}, status_code=422)
 
 

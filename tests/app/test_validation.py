@@ -217,3 +217,18 @@ def test_bf16_on_cpu_is_refused_with_a_clear_message(api, auth):
     response = api.post("/jobs", json={"framework": "jax", "hardware": "cpu", "precision": "bf16"}, headers=auth)
     assert response.status_code == 422
     assert "bf16" in response.text and "gpu or tpu" in response.text
+
+
+@pytest.mark.parametrize("spec, loc", [
+    ({"framework": "pytorch", "devices": 2, "batch_size": 127}, ["body", "batch_size"]),
+    ({"framework": "pytorch", "devices": 2, "model": {"batch_norm": True}}, ["body", "model", "batch_norm"]),
+    ({"framework": "pytorch", "devices": 2, "compile": True}, ["body", "compile"]),
+    ({"framework": "jax", "precision": "bf16"}, ["body", "precision"]),
+    ({"framework": "jax", "epochs": 2, "optimizer": {"schedule": "warmup_cosine", "warmup_epochs": 2}},
+     ["body", "optimizer", "warmup_epochs"]),
+])
+def test_a_cross_field_check_points_at_the_field_to_change(api, auth, spec, loc):
+    response = api.post("/jobs", json={"dataset": {"name": "digits"}, **spec}, headers=auth)
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["loc"] == loc, error

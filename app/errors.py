@@ -100,24 +100,27 @@ def _about_the_whole_body(error: dict, request: Request) -> dict:
 
 
 def _at_the_field_it_names(error: dict) -> dict:
-    # A cross-field check of the spec (a model validator) is reported at the body as a whole; its
-    # message starts with the field to change ("batch_size 127 must be a multiple of devices",
-    # "model.batch_norm with devices above 1 ..."), so point `loc` at that field.
-    if tuple(error.get("loc", ())) != ("body",) or error.get("type") != "value_error":
+    # A cross-field check of the spec (a model validator) is reported at the object it checks
+    # (the body, or e.g. its "model"); its message starts with the field to change ("batch_size
+    # 127 must be a multiple of devices", "model.batch_norm with devices above 1 ...", "channels
+    # is for model cnn only"), so point `loc` at that field when the spec has it.
+    loc = list(error.get("loc", ()))
+    if not loc or loc[0] != "body" or error.get("type") != "value_error":
         return error
     words = str(error.get("msg", "")).removeprefix("Value error, ").split()
     path = words[0].split(".") if words else []
-    return {**error, "loc": ["body", *path]} if path and _is_spec_field(path) else error
+    return {**error, "loc": [*loc, *path]} if path and _spec_field(loc[1:] + path) else error
 
 
-def _is_spec_field(path: list[str]) -> bool:
+def _spec_field(path: list) -> bool:
+    """Whether `path` (e.g. ["model", "batch_norm"]) names a field of a job spec."""
     from pydantic import BaseModel
 
     from trainers.spec import JobSpec
 
     model: type | None = JobSpec
     for name in path:
-        field = model.model_fields.get(name) if model is not None else None
+        field = model.model_fields.get(name) if model is not None and isinstance(name, str) else None
         if field is None:
             return False
         annotation = field.annotation

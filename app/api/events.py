@@ -24,9 +24,11 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 KEY_CHECK_S = 5.0
 
 
-def _owns(user: ApiKey, job_id: str) -> bool:
+def _owned_id(user: ApiKey, job_id: str) -> str | None:
+    """The full id of the user's job `job_id` (an id or a unique prefix), or None."""
     with session_scope() as session:
-        return service.get_job(session, user, job_id) is not None
+        job = service.get_job(session, user, job_id)
+        return job.id if job is not None else None
 
 
 def _key_is_live(key_id: str) -> bool:
@@ -70,10 +72,11 @@ async def job_events(
     Reconnect with `Last-Event-ID` to get only what came after (browsers' EventSource does this
     itself). The API key goes in the `Authorization` header as everywhere else: EventSource
     cannot send one, so the dashboard reads this stream with `fetch`."""
-    if not await run_in_threadpool(_owns, user, job_id):
+    full_id = await run_in_threadpool(_owned_id, user, job_id)  # the id itself, also for a short one
+    if full_id is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
     return StreamingResponse(
-        _while_key_is_live(events.stream(job_id, events.parse_last_event_id(last_event_id)), user.id),
+        _while_key_is_live(events.stream(full_id, events.parse_last_event_id(last_event_id)), user.id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

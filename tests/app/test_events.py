@@ -99,6 +99,7 @@ def test_stream_of_a_finished_job_over_http_ends_and_resumes(api, auth, rows):
     resumed = read_stream(api, job["id"], {**auth, "Last-Event-ID": "2"})
     assert resumed == events[3:]
     assert read_stream(api, job["id"], {**auth, "Last-Event-ID": "5"}) == []
+    assert read_stream(api, job["id"][:8], auth) == events  # the short id the CLI shows: `trainhub watch`
 
 
 def test_stream_of_a_cancelled_queued_job(api, auth):

@@ -226,6 +226,8 @@ def test_bf16_on_cpu_is_refused_with_a_clear_message(api, auth):
     ({"framework": "jax", "precision": "bf16"}, ["body", "precision"]),
     ({"framework": "jax", "epochs": 2, "optimizer": {"schedule": "warmup_cosine", "warmup_epochs": 2}},
      ["body", "optimizer", "warmup_epochs"]),
+    ({"framework": "jax", "model": {"name": "mlp", "channels": [8]}}, ["body", "model", "channels"]),
+    ({"framework": "jax", "optimizer": {"name": "adam", "momentum": 0.9}}, ["body", "optimizer", "momentum"]),
 ])
 def test_a_cross_field_check_points_at_the_field_to_change(api, auth, spec, loc):
     response = api.post("/jobs", json={"dataset": {"name": "digits"}, **spec}, headers=auth)

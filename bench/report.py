@@ -168,48 +168,44 @@ def criteria(results: dict) -> list[Criterion]:
     return out
 
 
+def _loop_header(first: str, ratio: str) -> list[str]:
+    header = (f"{first:<38} {'compile s':>9} {'1st epoch':>9} {'steady s':>9} {'test acc':>8} "
+              f"{ratio:>7} {'x floor':>7} {'compiles':>8}")
+    return [header, "-" * len(header)]
+
+
+def _loop_row(title: str, loop: dict, ratio: float | None, floor_s: float | None) -> str:
+    return (f"{title:<38} {_fmt(loop.get('compile_s'), 2):>9} {loop['first_epoch_s']:>9.3f} {loop['steady_s']:>9.3f} "
+            f"{loop['test_accuracy']:>8.4f} {_fmt(ratio, 2):>7} "
+            f"{_fmt(loop['steady_s'] / floor_s if floor_s else None, 2):>7} {str(loop.get('compilations')):>8}")
+
+
 def loop_table(results: dict) -> list[str]:
     loops = results.get("loops", {})
     floor_s = results.get("floor", {}).get("floor_s")
-    header = (f"{'loop':<38} {'compile s':>9} {'1st epoch':>9} {'steady s':>9} {'test acc':>8} "
-              f"{'vs seed':>7} {'x floor':>7} {'compiles':>8}")
-    lines = [header, "-" * len(header)]
+    lines = _loop_header("loop", "vs seed")
     for name, title in LOOP_TITLES.items():
-        loop = loops.get(name)
-        if not loop:
-            continue
-        seed = loops.get(SEED_OF.get(name, name), {})
-        ratio = loop["steady_s"] / seed["steady_s"] if seed.get("steady_s") else None
-        lines.append(
-            f"{title:<38} {_fmt(loop.get('compile_s'), 2):>9} {loop['first_epoch_s']:>9.3f} {loop['steady_s']:>9.3f} "
-            f"{loop['test_accuracy']:>8.4f} {_fmt(ratio, 2):>7} "
-            f"{_fmt(loop['steady_s'] / floor_s if floor_s else None, 2):>7} {str(loop.get('compilations')):>8}"
-        )
+        if loop := loops.get(name):
+            seed = loops.get(SEED_OF.get(name, name), {})
+            ratio = loop["steady_s"] / seed["steady_s"] if seed.get("steady_s") else None
+            lines.append(_loop_row(title, loop, ratio, floor_s))
     return lines
 
 
 def cnn_table(results: dict) -> list[str]:
     """The CNN rows: both trainers on the same CNN spec, each against the CNN's own floor (its
-    FLOPs at the measured matmul rate), and PyTorch's steady epoch over JAX's."""
+    FLOPs at the measured matmul rate), and each steady epoch over JAX's."""
     cnn = results.get("cnn", {})
     loops = cnn.get("loops", {})
     if not loops:
         return []
     floor_s = cnn.get("floor", {}).get("floor_s")
     jax_s = loops.get("jax_cnn", {}).get("steady_s")
-    header = (f"{'CNN loop':<38} {'compile s':>9} {'1st epoch':>9} {'steady s':>9} {'test acc':>8} "
-              f"{'x JAX':>7} {'x floor':>7} {'compiles':>8}")
     lines = [f"CNN {cnn['model']}, {cnn['samples']} samples, {cnn['epochs']} epochs; floor "
-             f"{_fmt(floor_s)} s/epoch ({cnn['floor']['flops'] / 1e9:.0f} GFLOP)", header, "-" * len(header)]
+             f"{_fmt(floor_s)} s/epoch ({cnn['floor']['flops'] / 1e9:.0f} GFLOP)", *_loop_header("CNN loop", "x JAX")]
     for name, title in CNN_TITLES.items():
-        loop = loops.get(name)
-        if not loop:
-            continue
-        lines.append(
-            f"{title:<38} {_fmt(loop.get('compile_s'), 2):>9} {loop['first_epoch_s']:>9.3f} {loop['steady_s']:>9.3f} "
-            f"{loop['test_accuracy']:>8.4f} {_fmt(loop['steady_s'] / jax_s if jax_s else None, 2):>7} "
-            f"{_fmt(loop['steady_s'] / floor_s if floor_s else None, 2):>7} {str(loop.get('compilations')):>8}"
-        )
+        if loop := loops.get(name):
+            lines.append(_loop_row(title, loop, loop["steady_s"] / jax_s if jax_s else None, floor_s))
     return lines
 
 

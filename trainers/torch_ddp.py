@@ -157,8 +157,7 @@ class Group:
         return tensor
 
     def devices(self) -> list[str]:
-        kind = "cpu" if self.device.type == "cpu" else self.device.type
-        return [f"{kind}:{i}" for i in range(self.size)]
+        return [f"{self.device.type}:{i}" for i in range(self.size)]
 
     def agree_to_stop(self, flag) -> bool:
         """Whether any rank saw the supervisor's stop flag (every rank must call it together)."""

@@ -7,6 +7,7 @@ the epoch ends, so the host waits for the device once per epoch.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from contextlib import nullcontext
@@ -161,7 +162,8 @@ def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop,
         epoch_time_s = time.perf_counter() - epoch_start
 
         eval_start = time.perf_counter()
-        test_loss, test_accuracy = evaluate(model, x_test, y_test)
+        # Rank 0 reports and checkpoints; the other ranks' test metrics would go nowhere.
+        test_loss, test_accuracy = evaluate(model, x_test, y_test) if world.rank == 0 else (math.nan, math.nan)
         eval_time_s = time.perf_counter() - eval_start
 
         epoch_metrics = summarize_epoch(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from fastapi import Request
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import get_settings
@@ -31,7 +33,36 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    engine = create_engine(url, pool_size=10, max_overflow=20)
+    ping_when_idle(engine)
+    return engine
+
+
+# A pooled connection idle longer than this is pinged before use (seconds).
+PING_AFTER_IDLE_S = 1.0
+
+
+def ping_when_idle(engine: Engine, idle_s: float = PING_AFTER_IDLE_S) -> None:
+    """Pessimistic disconnect handling without a round trip per request: a connection that sat
+    in the pool longer than `idle_s` (or since it was opened) is pinged on checkout, and a dead
+    one (the database restarted) is replaced before any statement uses it. A connection handed
+    back moments ago is not: under load that ping would be one in every few round trips.
+    (SQLAlchemy's `pool_pre_ping` pings on every checkout; this is its documented checkout-event
+    recipe with an idle threshold.) A connection that dies while busy fails its statement, and
+    SQLAlchemy then invalidates the pool's other connections as well."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_connection, record) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_connection, record, _proxy) -> None:
+        if time.monotonic() - record.info.get("idle_since", float("-inf")) <= idle_s:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as error:
+            raise exc.DisconnectionError(f"pooled connection is dead: {error}") from error  # the pool reconnects
 
 
 @lru_cache
@@ -44,14 +75,31 @@ def get_sessionmaker() -> sessionmaker[Session]:
     return sessionmaker(get_engine(), expire_on_commit=False)
 
 
+@lru_cache
+def get_reader_sessionmaker() -> sessionmaker[Session]:
+    # Autocommit: each statement runs alone (as it would in a READ COMMITTED transaction, which
+    # takes a new snapshot per statement anyway), with no BEGIN and ROLLBACK round trips, and the
+    # connection keeps its prepared statements (psycopg drops them all on a ROLLBACK).
+    return sessionmaker(get_engine().execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False)
+
+
 def session_scope() -> Session:
     """A new session; use as `with session_scope() as session:`."""
     return get_sessionmaker()()
 
 
-def get_session() -> Iterator[Session]:
-    """FastAPI dependency: one session per request."""
-    with session_scope() as session:
+READ_METHODS = ("GET", "HEAD")
+
+
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """FastAPI dependency: one session per request. A GET or HEAD only reads, so its session
+    is in autocommit mode (see get_reader_sessionmaker); other methods get a transaction.
+
+    Async so that FastAPI runs it on the event loop rather than in two thread-pool hops: opening a
+    session does no I/O, and closing one only hands its connection back (with a ROLLBACK when a
+    transaction was left open)."""
+    make = get_reader_sessionmaker() if request.method in READ_METHODS else get_sessionmaker()
+    with make() as session:
         yield session
 
 

@@ -6,12 +6,13 @@ import base64
 import binascii
 import logging
 import re
+import time
 import uuid
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
 
 from app import limits, queue
@@ -31,14 +32,16 @@ class CannotCancel(Exception):
     """The job has already finished."""
 
 
-def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str | None) -> Job:
-    """Store the job, then enqueue its id. The row is committed first, so a broker error leaves a
-    queued job (logged) rather than a lost one. Replays an earlier job for a reused key (a replay
-    counts against no quota). Raises limits.QuotaExceeded when the key may not add a job now."""
+def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, int | None]:
+    """Store the job, then enqueue its id; returns the job and its queue_position when stored
+    (None for a replay: count it). The row is committed first, so a broker error leaves a queued
+    job (logged) rather than a lost one. Replays an earlier job for a reused key (a replay counts
+    against no quota). Raises limits.QuotaExceeded when the key may not add a job now."""
     if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
-        return earlier
+        return earlier, None
     limits.check_quota(session, owner, 1)
     job = new_job(owner, spec, idempotency_key)
+    position = queue_position(session, job)  # in the same transaction as the insert
     session.add(job)
     try:
         session.commit()
@@ -46,10 +49,10 @@ def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: 
         # A concurrent request with the same Idempotency-Key stored its job first: replay that.
         session.rollback()
         if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
-            return earlier
+            return earlier, None
         raise
     enqueue(session, job)
-    return job
+    return job, position
 
 
 def replay(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str) -> Job | None:
@@ -109,6 +112,11 @@ def is_id(value: str) -> bool:
         return False
 
 
+# One job's metrics and artifacts are read when used (to_schema skips them for a job no worker
+# has started), not with the row as for a page of jobs.
+_ON_FIRST_USE = (lazyload(Job.metrics), lazyload(Job.artifacts))
+
+
 def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:
     """The owner's job, or None when it does not exist or belongs to someone else (an admin key
     gets any job). Callers answer None with 404, never 403: an id reveals nothing.
@@ -117,7 +125,7 @@ def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:
     them) when exactly one of the owner's jobs starts with them."""
     if not is_id(job_id):
         return _by_prefix(session, owner, job_id)
-    job = session.get(Job, job_id)
+    job = session.get(Job, job_id, options=_ON_FIRST_USE)
     return job if job is not None and (job.owner_id == owner.id or owner.is_admin) else None
 
 
@@ -127,7 +135,7 @@ ID_PREFIX = re.compile(r"[0-9a-f]{8}[0-9a-f-]{0,27}")
 def _by_prefix(session: Session, owner: ApiKey, prefix: str) -> Job | None:
     if not ID_PREFIX.fullmatch(prefix):
         return None
-    query = select(Job).where(Job.id.startswith(prefix, autoescape=True)).limit(2)
+    query = select(Job).where(Job.id.startswith(prefix, autoescape=True)).options(*_ON_FIRST_USE).limit(2)
     if not owner.is_admin:
         query = query.where(Job.owner_id == owner.id)
     found = list(session.scalars(query))
@@ -197,13 +205,27 @@ def cancel_job(session: Session, job: Job) -> Job:
 _QUEUES_SEEN_SINCE = select(Worker.queues).where(Worker.last_seen >= bindparam("since"))
 
 
+# Every poll of a queued job asks which queues have a live worker; that changes at heartbeat
+# pace (seconds), so each process reads it at most once per ONLINE_QUEUES_TTL_S per database.
+ONLINE_QUEUES_TTL_S = 1.0
+_online: dict[str, tuple[float, frozenset[str]]] = {}
+
+
 def online_queues(session: Session) -> set[str]:
-    """Queues served by a worker whose heartbeat is recent."""
-    since = utcnow() - timedelta(seconds=get_settings().worker_timeout_s)
-    queues: set[str] = set()
-    for worker_queues in session.scalars(_QUEUES_SEEN_SINCE, {"since": since}):
-        queues.update(worker_queues)
-    return queues
+    """Queues served by a worker whose heartbeat is recent (at most ONLINE_QUEUES_TTL_S old)."""
+    database = str(session.get_bind().url)
+    read_at, queues = _online.get(database, (float("-inf"), frozenset()))
+    if time.monotonic() - read_at > ONLINE_QUEUES_TTL_S:
+        since = utcnow() - timedelta(seconds=get_settings().worker_timeout_s)
+        queues = frozenset(q for worker_queues in session.scalars(_QUEUES_SEEN_SINCE, {"since": since})
+                           for q in worker_queues)
+        _online[database] = (time.monotonic(), queues)
+    return set(queues)
+
+
+def forget_online_queues() -> None:
+    """Drop the cached online_queues: the next call reads the heartbeats again."""
+    _online.clear()
 
 
 def waiting_reason(session: Session, job: Job, served: set[str], position: int | None = None) -> str | None:
@@ -229,30 +251,40 @@ def worker_command(hardware: str, devices: int) -> str:
     return f"trainhub worker --hardware {hardware} --devices {indices}"
 
 
+_jobs = Job.__table__.c
+# Built once (every GET of a queued job runs it): the queued jobs of the same queue created
+# before this one; at the same instant, the id breaks the tie, as in the job list.
+_QUEUED_AHEAD = select(func.count()).select_from(Job.__table__).where(
+    _jobs.status == "queued", _jobs.hardware == bindparam("hardware"), _jobs.framework == bindparam("framework"),
+    _jobs.devices == bindparam("devices"),
+    or_(_jobs.created_at < bindparam("created_at"),
+        and_(_jobs.created_at == bindparam("created_at"), _jobs.id < bindparam("id"))),
+)
+
+
 def queue_position(session: Session, job: Job) -> int | None:
     """1 for the next queued job of its queue (`<hardware>.<framework>[.x<devices>]`), 2 for the one after...;
     None for a job that is not queued. Counted from the jobs table (everyone's), oldest first:
     the broker may hold duplicate or stale messages, the rows do not."""
     if job.status != "queued":
         return None
-    earlier = Job.created_at < job.created_at
-    if job.id is not None:  # same instant: the id breaks the tie, as in the job list
-        earlier = or_(earlier, and_(Job.created_at == job.created_at, Job.id < job.id))
-    ahead = session.scalar(
-        select(func.count()).select_from(Job).where(
-            Job.status == "queued", Job.hardware == job.hardware, Job.framework == job.framework,
-            Job.devices == job.devices, earlier,
-        )
-    )
+    ahead = session.scalar(_QUEUED_AHEAD, {
+        "hardware": job.hardware, "framework": job.framework, "devices": job.devices,
+        "created_at": job.created_at, "id": job.id or "",  # a job not yet stored has no id: no tie
+    })
     return ahead + 1
 
 
-def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None = None) -> JobOut:
-    """Render a row as the HTTP Job; `base_url` prefixes artifact URLs."""
+def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None = None,
+              position: int | None = None) -> JobOut:
+    """Render a row as the HTTP Job; `base_url` prefixes artifact URLs. `served` (online_queues)
+    and `position` (queue_position): when the caller has them already (read here otherwise)."""
     if served is None:
         served = online_queues(session) if job.status == "queued" else set()
     url = base_url.rstrip("/")
-    position = queue_position(session, job)
+    if position is None:
+        position = queue_position(session, job)
+    started = job.started_at is not None  # metrics and artifacts come from a worker running the job
     return JobOut.model_validate(
         {
             "id": job.id,
@@ -265,11 +297,12 @@ def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None
             "queue_position": position,
             "attempts": job.attempts,
             "progress": {"epoch": job.epoch, "epochs": job.epochs},
-            "metrics": [metric_dict(m) for m in job.metrics],
+            "metrics": [metric_dict(m) for m in job.metrics] if started else [],
             "timings": job.timings,
             "result": job.result,
             "error": job.error,
-            "artifacts": [artifact_dict(a, f"{url}/jobs/{job.id}/artifacts/{a.name}") for a in job.artifacts],
+            "artifacts": [artifact_dict(a, f"{url}/jobs/{job.id}/artifacts/{a.name}") for a in job.artifacts]
+                         if started else [],
             "worker": job.worker,
         }
     )

@@ -24,13 +24,16 @@ def _unavailable(what: str, exc: Exception) -> None:
 
 
 def reset_caches() -> None:
-    """Forget cached settings, engines and the Celery app, so a changed environment applies."""
-    from app import config, db, queue
+    """Forget cached settings, engines, the Celery app and the online queues, so a changed
+    environment (and the heartbeats a test wrote) apply."""
+    from app import config, db, jobs, queue
 
     config.get_settings.cache_clear()
     db.get_engine.cache_clear()
     db.get_sessionmaker.cache_clear()
+    db.get_reader_sessionmaker.cache_clear()
     queue.get_celery.cache_clear()
+    jobs.forget_online_queues()
 
 
 @pytest.fixture(scope="session")

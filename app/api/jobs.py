@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 
 from app import jobs as service
 from app import limits
+from app.api import json_response
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
 from app.models import Job as JobRow
@@ -27,11 +28,10 @@ def owned_job(session: SessionDep, user: CurrentUser, job_id: str) -> JobRow:
 def create_job(
     spec: JobSpec,
     request: Request,
-    response: Response,
     session: SessionDep,
     user: CurrentUser,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
-) -> Job:
+) -> Response:
     """Validate and store a job, then queue it on `<hardware>.<framework>`.
 
     Send an `Idempotency-Key` header to make retries safe: the same key and body return the
@@ -43,14 +43,14 @@ def create_job(
     (with Retry-After for the latter)."""
     spec = limits.apply_limits(spec)
     try:
-        job = service.create_job(session, user, spec, idempotency_key)
+        job, position = service.create_job(session, user, spec, idempotency_key)
     except service.IdempotencyConflict:
         raise HTTPException(
             status.HTTP_409_CONFLICT,
             "Idempotency-Key was already used with a different job spec; use a new key for a new job",
         )
-    response.headers["Location"] = f"/jobs/{job.id}"
-    return service.to_schema(session, job, str(request.base_url))
+    return json_response(service.to_schema(session, job, str(request.base_url), position=position),
+                         status.HTTP_201_CREATED, headers={"Location": f"/jobs/{job.id}"})
 
 
 @router.get("", response_model=JobPage)
@@ -79,9 +79,9 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=Job)
-def read_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Job:
+def read_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """One job: status, progress, metrics, timings, result, error and artifacts."""
-    return service.to_schema(session, owned_job(session, user, job_id), str(request.base_url))
+    return json_response(service.to_schema(session, owned_job(session, user, job_id), str(request.base_url)))
 
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses=responses(409))

@@ -16,6 +16,7 @@ def serve(services_env):
     from sqlalchemy import delete
 
     from app.db import session_scope
+    from app.jobs import forget_online_queues
     from app.models import Worker, utcnow
 
     names = []
@@ -26,6 +27,7 @@ def serve(services_env):
             session.add(Worker(name=names[-1], hostname="pos", hardware=queue.split(".")[0], queues=[queue],
                                devices=[], versions={}, started_at=utcnow() - timedelta(minutes=1), last_seen=utcnow()))
             session.commit()
+        forget_online_queues()  # what the API sees within ONLINE_QUEUES_TTL_S
 
     yield add
     with session_scope() as session:

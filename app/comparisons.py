@@ -22,13 +22,18 @@ TABLE_ROWS = ("parameters", "compile_s", "first_epoch_s", "steady_epoch_s", "sam
 def create_comparison(session: Session, owner: ApiKey, spec: ComparisonSpec) -> Comparison:
     """Store both jobs and the comparison in one transaction, then enqueue the jobs. Raises
     limits.QuotaExceeded when the key may not add two jobs now."""
-    limits.check_quota(session, owner, len(FRAMEWORKS))
     jax_job, torch_job = (jobs.new_job(owner, spec.for_framework(fw)) for fw in FRAMEWORKS)
     session.add_all([jax_job, torch_job])
     session.flush()
     comparison = Comparison(owner_id=owner.id, spec=spec.model_dump(mode="json"),
                             jax_job_id=jax_job.id, pytorch_job_id=torch_job.id, created_at=jax_job.created_at)
     session.add(comparison)
+    session.flush()
+    try:
+        limits.check_quota(session, owner, len(FRAMEWORKS))
+    except limits.QuotaExceeded:
+        session.rollback()
+        raise
     session.commit()
     for job in (jax_job, torch_job):
         jobs.enqueue(session, job)

@@ -39,18 +39,23 @@ def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: 
     against no quota). Raises limits.QuotaExceeded when the key may not add a job now."""
     if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
         return earlier, None
-    limits.check_quota(session, owner, 1)
     job = new_job(owner, spec, idempotency_key)
-    position = queue_position(session, job)  # in the same transaction as the insert
+    position = queue_position(session, job)
     session.add(job)
     try:
-        session.commit()
+        session.flush()  # the INSERT comes before check_quota's lock on the key, which is held to the commit
     except IntegrityError:
         # A concurrent request with the same Idempotency-Key stored its job first: replay that.
         session.rollback()
         if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
             return earlier, None
         raise
+    try:
+        limits.check_quota(session, owner, 1)
+    except limits.QuotaExceeded:
+        session.rollback()
+        raise
+    session.commit()
     enqueue(session, job)
     return job, position
 
@@ -98,6 +103,8 @@ def enqueue(session: Session, job: Job) -> bool:
         log.exception("could not enqueue job %s; it stays queued", job.id)
         return False
     now = utcnow()
+    if not session.in_transaction():  # the stamp alone: one round trip, without BEGIN and COMMIT
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
     session.execute(_STAMP_ENQUEUED, {"job_id": job.id, "now": now})
     session.commit()
     set_committed_value(job, "enqueued_at", now)  # what the row now says, without another UPDATE

@@ -11,11 +11,13 @@ Two kinds, with their own status codes:
 
 Quotas are counted in the database, from the jobs table itself: it is the one store every API
 process shares in every deployment (the embedded stack has no Redis), the jobs rows already
-are the log of submissions (created_at, status), and the count and the insert of the new rows
-happen in one transaction that first locks the key's row (`SELECT ... FOR UPDATE` on
-PostgreSQL), so concurrent requests of one key, on any number of API processes, are counted one
-after another and never both slip under the limit. Other keys are not blocked. SQLite (one
-embedded API process) serialises writers itself.
+are the log of submissions (created_at, status). The new rows are inserted first; then, in the
+same transaction, the key's row is locked (`SELECT ... FOR NO KEY UPDATE` on PostgreSQL) and its jobs
+counted, the new ones included, and the transaction commits or rolls back. The count runs after
+the lock is granted, so it sees every row of the key's earlier requests: concurrent requests of
+one key, on any number of API processes, are counted one after another and never both slip
+under the limit, and the lock is held only for the count and the commit. Other keys are not
+blocked. SQLite (one embedded API process) serialises writers itself.
 """
 
 from __future__ import annotations
@@ -124,7 +126,9 @@ def apply_limits(spec: TrainingSpec, settings: Settings | None = None) -> Traini
 # Built once: every POST /jobs runs them, and building a statement costs more than running it.
 _QUEUED = Job.status == "queued"
 _RECENT = Job.created_at > bindparam("since")
-_LOCK_KEY = select(ApiKey.id).where(ApiKey.id == bindparam("owner_id")).with_for_update()
+# FOR NO KEY UPDATE: it excludes the other requests' quota locks but not the KEY SHARE lock each
+# INSERT of a job takes on its key (the foreign key check), which FOR UPDATE would deadlock with.
+_LOCK_KEY = select(ApiKey.id).where(ApiKey.id == bindparam("owner_id")).with_for_update(key_share=True)
 # One query, each set from its own index: the rows read are the key's queued and recent jobs,
 # not every job it ever had.
 _COUNT_QUEUED_AND_RECENT = select(func.count().filter(_QUEUED), func.count().filter(_RECENT)).where(
@@ -134,14 +138,16 @@ _RECENT_OLDEST_FIRST = select(Job.created_at).where(Job.owner_id == bindparam("o
 
 
 def check_quota(session: Session, owner: ApiKey, new_jobs: int = 1, settings: Settings | None = None) -> None:
-    """Lock the key's row for the rest of the transaction, then raise QuotaExceeded when `new_jobs`
-    more jobs would pass the key's queued or per-minute limit. Call it in the transaction that
-    adds the jobs, right before adding them."""
+    """Lock the key's row for the rest of the transaction, then raise QuotaExceeded when its
+    `new_jobs` new jobs pass the key's queued or per-minute limit. Call it in the transaction that
+    adds the jobs, once they are flushed (they are counted), right before the commit; on
+    QuotaExceeded, roll back."""
     s = settings or get_settings()
     session.execute(_LOCK_KEY, {"owner_id": owner.id})
     now = utcnow()
     since = now - timedelta(seconds=RATE_WINDOW_S)
-    queued, recent = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()
+    with_new, recent_with_new = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()
+    queued, recent = with_new - new_jobs, recent_with_new - new_jobs
     if queued + new_jobs > s.max_queued_jobs_per_key:
         raise QuotaExceeded(
             f"this key has {queued} job(s) queued{_and_this(new_jobs)}; the limit is {s.max_queued_jobs_per_key} "

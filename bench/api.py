@@ -88,6 +88,7 @@ def cleanup(database_url: str, redis_url: str, owner: str, raw_messages: list[by
     try:
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM jobs WHERE owner_id = :o AND hardware = 'tpu'"), {"o": owner})
+        vacuum_jobs(engine)
     finally:
         engine.dispose()
     client = redis.Redis.from_url(redis_url)
@@ -95,6 +96,15 @@ def cleanup(database_url: str, redis_url: str, owner: str, raw_messages: list[by
     for message in raw_messages:
         pipe.lrem(LOAD_QUEUE, 1, message)
     pipe.execute()
+
+
+def vacuum_jobs(engine) -> None:
+    """VACUUM ANALYZE the jobs table: the index entries of deleted rows are gone and the planner's
+    statistics are fresh, so each run starts from the same state whatever the ones before left."""
+    from sqlalchemy import text
+
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.execute(text("VACUUM ANALYZE jobs"))
 
 
 def measure_get(url: str, key: str, ids: list[str], get_s: float, get_rate: float) -> dict:
@@ -115,6 +125,13 @@ def measure(url: str, key: str, database_url: str, redis_url: str, post_s: float
     owner = owner_id(database_url, key)
     if stored_job_ids(database_url, owner) or queued_job_ids(redis_url)[0]:
         raise RuntimeError(f"{LOAD_QUEUE} or the bench key's tpu jobs are not empty before the load")
+    from sqlalchemy import create_engine
+
+    engine = create_engine(database_url)
+    try:
+        vacuum_jobs(engine)  # what earlier runs (or the trainer jobs before) left behind
+    finally:
+        engine.dispose()
     post = run_load(["post", "--url", url, "--key", key, "--duration", str(post_s),
                      "--concurrency", str(concurrency), "--spec", json.dumps(LOAD_SPEC)], timeout_s=post_s + 120)
     accepted = post.pop("ids")

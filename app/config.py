@@ -68,6 +68,13 @@ class Settings(BaseSettings):
     compile_cache_dir: Path | None = None
     api_key: str | None = None
     api_url: str = "http://127.0.0.1:8000"
+    # PostgreSQL connections per process (SQLAlchemy's pool): kept open, and more opened for a
+    # burst and closed after it. Every API process and worker has its own pool: their sum of
+    # both must stay under the server's max_connections (100 by default).
+    db_pool_size: int = Field(10, ge=1)
+    db_max_overflow: int = Field(20, ge=0)
+    # How long a request waits for a free connection before it is answered 503 (seconds).
+    db_pool_timeout_s: float = Field(30.0, gt=0)
     # A worker counts as online while its last heartbeat is younger than this (seconds); a
     # running job whose worker has been silent longer is handed to another worker.
     worker_timeout_s: float = Field(30.0, gt=0)

@@ -33,7 +33,9 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    engine = create_engine(url, pool_size=10, max_overflow=20)
+    settings = get_settings()
+    engine = create_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow,
+                           pool_timeout=settings.db_pool_timeout_s)
     ping_when_idle(engine)
     return engine
 

@@ -8,7 +8,7 @@ from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.db import get_session, session_scope
+from app.db import get_reader_sessionmaker, get_session
 from app.keys import find_key
 from app.models import ApiKey
 
@@ -18,17 +18,22 @@ _bearer = HTTPBearer(auto_error=False, description="An API key from `trainhub ke
 
 
 def current_user(
-    session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> ApiKey:
-    """The API key of the request; 401 when it is missing, malformed, unknown or revoked."""
+    """The API key of the request; 401 when it is missing, malformed, unknown or revoked.
+
+    Read in a session of its own (autocommit: one statement), closed before the route runs: a
+    request holds no pooled connection while it waits for a thread for its route (were it to,
+    requests holding every connection could wait on threads that wait for a connection), nor
+    for the whole of a long-lived response such as the event stream."""
     if credentials is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "missing API key: send 'Authorization: Bearer <key>' (create one with `trainhub keys create`)",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    key = find_key(session, credentials.credentials)
+    with get_reader_sessionmaker()() as session:
+        key = find_key(session, credentials.credentials)
     if key is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"}
@@ -37,15 +42,3 @@ def current_user(
 
 
 CurrentUser = Annotated[ApiKey, Depends(current_user)]
-
-
-def current_user_briefly(
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> ApiKey:
-    """Like `current_user`, but its database session is closed before the handler runs: for
-    long-lived responses (the event stream) that must not hold a connection while they wait."""
-    with session_scope() as session:
-        return current_user(session, credentials)
-
-
-BriefUser = Annotated[ApiKey, Depends(current_user_briefly)]

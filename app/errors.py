@@ -151,3 +151,10 @@ async def database_unavailable(_request: Request, exc: Exception) -> JSONRespons
     log.warning("database unavailable: %s", exc)
     return JSONResponse({"detail": "the database is unavailable; retry shortly"}, status_code=503,
                         headers={"Retry-After": "5"})
+
+
+async def database_busy(_request: Request, exc: Exception) -> JSONResponse:
+    """Every pooled connection stayed busy for db_pool_timeout_s: 503, so clients retry."""
+    log.warning("no free database connection: %s", exc)
+    return JSONResponse({"detail": "the server is busy (no free database connection); retry shortly"},
+                        status_code=503, headers={"Retry-After": "1"})

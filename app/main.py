@@ -8,11 +8,12 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.api import artifacts, comparisons, dashboard, events, health, jobs, metrics, workers
 from app.config import get_settings
 from app.db import migrate
-from app.errors import database_unavailable, quota_exceeded, spec_over_limit, validation_error
+from app.errors import database_busy, database_unavailable, quota_exceeded, spec_over_limit, validation_error
 from app.limits import QuotaExceeded, SpecOverLimit
 from app.middleware import RequestLimits, SecurityHeaders
 
@@ -35,6 +36,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(QuotaExceeded, quota_exceeded)
     app.add_exception_handler(OperationalError, database_unavailable)
     app.add_exception_handler(InterfaceError, database_unavailable)
+    app.add_exception_handler(PoolTimeout, database_busy)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(artifacts.router)

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from app import events
 from app import jobs as service
 from app.db import session_scope
-from app.deps import BriefUser
+from app.deps import CurrentUser
 from app.errors import responses
 from app.models import ApiKey
 
@@ -59,7 +59,7 @@ async def _while_key_is_live(stream: AsyncIterator[str], key_id: str) -> AsyncIt
 )
 async def job_events(
     job_id: str,
-    user: BriefUser,
+    user: CurrentUser,
     last_event_id: Annotated[str | None, Header(max_length=40)] = None,
 ) -> StreamingResponse:
     """Server-sent events of one job, ending after its final status.

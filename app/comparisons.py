@@ -8,7 +8,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import jobs, limits
-from app.models import ApiKey, Comparison, Job
+from app.keys import Caller
+from app.models import Comparison, Job
 from trainers.spec import ComparisonSpec, parameter_count
 
 FRAMEWORKS = ("jax", "pytorch")
@@ -19,7 +20,7 @@ TABLE_ROWS = ("parameters", "compile_s", "first_epoch_s", "steady_epoch_s", "sam
               "test_accuracy", "test_loss")
 
 
-def create_comparison(session: Session, owner: ApiKey, spec: ComparisonSpec) -> Comparison:
+def create_comparison(session: Session, owner: Caller, spec: ComparisonSpec) -> Comparison:
     """Store both jobs and the comparison in one transaction, then enqueue the jobs. Raises
     limits.QuotaExceeded when the key may not add two jobs now."""
     jax_job, torch_job = (jobs.new_job(owner, spec.for_framework(fw)) for fw in FRAMEWORKS)
@@ -40,12 +41,12 @@ def create_comparison(session: Session, owner: ApiKey, spec: ComparisonSpec) -> 
     return comparison
 
 
-def get_comparison(session: Session, owner: ApiKey, comparison_id: str) -> Comparison | None:
+def get_comparison(session: Session, owner: Caller, comparison_id: str) -> Comparison | None:
     comparison = session.get(Comparison, comparison_id) if jobs.is_id(comparison_id) else None
     return comparison if comparison is not None and (comparison.owner_id == owner.id or owner.is_admin) else None
 
 
-def list_comparisons(session: Session, owner: ApiKey, limit: int) -> list[Comparison]:
+def list_comparisons(session: Session, owner: Caller, limit: int) -> list[Comparison]:
     query = select(Comparison) if owner.is_admin else select(Comparison).where(Comparison.owner_id == owner.id)
     return list(session.scalars(query.order_by(Comparison.created_at.desc()).limit(limit)))
 

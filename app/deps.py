@@ -9,8 +9,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from app.db import get_reader_sessionmaker, get_session
-from app.keys import find_key
-from app.models import ApiKey
+from app.keys import Caller, find_key
 
 SessionDep = Annotated[Session, Depends(get_session)]
 
@@ -19,7 +18,7 @@ _bearer = HTTPBearer(auto_error=False, description="An API key from `trainhub ke
 
 def current_user(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> ApiKey:
+) -> Caller:
     """The API key of the request; 401 when it is missing, malformed, unknown or revoked.
 
     Read in a session of its own (autocommit: one statement), closed before the route runs: a
@@ -41,4 +40,4 @@ def current_user(
     return key
 
 
-CurrentUser = Annotated[ApiKey, Depends(current_user)]
+CurrentUser = Annotated[Caller, Depends(current_user)]

@@ -17,7 +17,8 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from app import limits, queue
 from app.config import get_settings
-from app.models import ApiKey, Job, Worker, utcnow
+from app.keys import Caller
+from app.models import Job, Worker, utcnow
 from app.schemas import FINISHED, JobSpec
 from app.schemas import Job as JobOut
 
@@ -32,7 +33,7 @@ class CannotCancel(Exception):
     """The job has already finished."""
 
 
-def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, int | None]:
+def create_job(session: Session, owner: Caller, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, int | None]:
     """Store the job, then enqueue its id; returns the job and its queue_position when stored
     (None for a replay: count it). The row is committed first, so a broker error leaves a queued
     job (logged) rather than a lost one. Replays an earlier job for a reused key (a replay counts
@@ -60,7 +61,7 @@ def create_job(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: 
     return job, position
 
 
-def replay(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str) -> Job | None:
+def replay(session: Session, owner: Caller, spec: JobSpec, idempotency_key: str) -> Job | None:
     """The job an earlier request with this key created, or None. Raises IdempotencyConflict
     when that request had another body."""
     earlier = session.scalars(
@@ -71,7 +72,7 @@ def replay(session: Session, owner: ApiKey, spec: JobSpec, idempotency_key: str)
     return earlier
 
 
-def new_job(owner: ApiKey, spec: JobSpec, idempotency_key: str | None = None) -> Job:
+def new_job(owner: Caller, spec: JobSpec, idempotency_key: str | None = None) -> Job:
     """A queued job row for `spec`, not yet added to a session."""
     return Job(
         owner_id=owner.id,
@@ -124,7 +125,7 @@ def is_id(value: str) -> bool:
 _ON_FIRST_USE = (lazyload(Job.metrics), lazyload(Job.artifacts))
 
 
-def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:
+def get_job(session: Session, owner: Caller, job_id: str) -> Job | None:
     """The owner's job, or None when it does not exist or belongs to someone else (an admin key
     gets any job). Callers answer None with 404, never 403: an id reveals nothing.
 
@@ -139,7 +140,7 @@ def get_job(session: Session, owner: ApiKey, job_id: str) -> Job | None:
 ID_PREFIX = re.compile(r"[0-9a-f]{8}[0-9a-f-]{0,27}")
 
 
-def _by_prefix(session: Session, owner: ApiKey, prefix: str) -> Job | None:
+def _by_prefix(session: Session, owner: Caller, prefix: str) -> Job | None:
     if not ID_PREFIX.fullmatch(prefix):
         return None
     query = select(Job).where(Job.id.startswith(prefix, autoescape=True)).options(*_ON_FIRST_USE).limit(2)
@@ -151,7 +152,7 @@ def _by_prefix(session: Session, owner: ApiKey, prefix: str) -> Job | None:
 
 def list_jobs(
     session: Session,
-    owner: ApiKey,
+    owner: Caller,
     *,
     status: str | None,
     framework: str | None,

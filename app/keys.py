@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
@@ -29,11 +30,22 @@ def create_key(session: Session, name: str, admin: bool = False) -> tuple[ApiKey
     return key, secret
 
 
-# Built once: every request with a key runs it.
-_BY_HASH = select(ApiKey).where(ApiKey.key_hash == bindparam("digest"))
+@dataclass(frozen=True)
+class Caller:
+    """The live API key a request came with: what the routes need of it (its row stays in
+    `api_keys`). `id` is the key's id (jobs' owner_id); an admin key sees every job and worker."""
+
+    id: str
+    is_admin: bool
 
 
-def find_key(session: Session, secret: str) -> ApiKey | None:
+# Built once: every request with a key runs it. Columns, not an ApiKey entity: a third of the cost.
+_keys = ApiKey.__table__.c
+_LIVE_BY_HASH = select(_keys.id, _keys.is_admin, _keys.key_hash).where(
+    _keys.key_hash == bindparam("digest"), _keys.revoked_at.is_(None))
+
+
+def find_key(session: Session, secret: str) -> Caller | None:
     """The live key whose secret is `secret`, or None (unknown, malformed or revoked).
 
     Looked up by the sha256 of the secret (an index hit reveals nothing about the secret) and
@@ -41,10 +53,10 @@ def find_key(session: Session, secret: str) -> ApiKey | None:
     if not secret.startswith(KEY_PREFIX) or len(secret) > 200 or not secret.isascii():
         return None
     digest = hash_key(secret)
-    key = session.scalars(_BY_HASH, {"digest": digest}).first()
-    if key is None or key.revoked_at is not None or not hmac.compare_digest(key.key_hash, digest):
+    row = session.execute(_LIVE_BY_HASH, {"digest": digest}).first()
+    if row is None or not hmac.compare_digest(row.key_hash, digest):
         return None
-    return key
+    return Caller(id=row.id, is_admin=row.is_admin)
 
 
 class AmbiguousKey(Exception):

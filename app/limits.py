@@ -31,6 +31,7 @@ from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings, get_settings
+from app.keys import Caller
 from app.models import ApiKey, Job, utcnow
 from trainers.spec import TrainingSpec, parameter_count
 
@@ -137,7 +138,7 @@ _RECENT_OLDEST_FIRST = select(Job.created_at).where(Job.owner_id == bindparam("o
     Job.created_at)
 
 
-def check_quota(session: Session, owner: ApiKey, new_jobs: int = 1, settings: Settings | None = None) -> None:
+def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Settings | None = None) -> None:
     """Lock the key's row for the rest of the transaction, then raise QuotaExceeded when its
     `new_jobs` new jobs pass the key's queued or per-minute limit. Call it in the transaction that
     adds the jobs, once they are flushed (they are counted), right before the commit; on
@@ -174,7 +175,7 @@ def _and_this(new_jobs: int) -> str:
     return f" and this request creates {new_jobs} more" if new_jobs > 1 else ""
 
 
-def seconds_until_freed(session: Session, owner: ApiKey, since: datetime, now: datetime, excess: int) -> int:
+def seconds_until_freed(session: Session, owner: Caller, since: datetime, now: datetime, excess: int) -> int:
     """Seconds until the key's window (its submissions after `since`) has room again: once its
     `excess` oldest submissions are a minute old. At least 1."""
     oldest = session.scalar(_RECENT_OLDEST_FIRST.offset(excess - 1).limit(1), {"owner_id": owner.id, "since": since})

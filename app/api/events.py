@@ -15,6 +15,7 @@ from app import jobs as service
 from app.db import session_scope
 from app.deps import CurrentUser
 from app.errors import responses
+from app.keys import Caller
 from app.models import ApiKey
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -24,7 +25,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 KEY_CHECK_S = 5.0
 
 
-def _owned_id(user: ApiKey, job_id: str) -> str | None:
+def _owned_id(user: Caller, job_id: str) -> str | None:
     """The full id of the user's job `job_id` (an id or a unique prefix), or None."""
     with session_scope() as session:
         job = service.get_job(session, user, job_id)

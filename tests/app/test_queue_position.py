@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -77,4 +78,31 @@ def test_a_data_parallel_job_has_its_own_queue_and_waits_for_a_worker_owning_its
     waiting = api.get(f"/jobs/{jobs[1]['id']}", headers=auth).json()["waiting_reason"]
     assert waiting == f"waiting for a free worker on gpu.jax.x2 ({jobs[1]['queue_position'] - 1} job(s) ahead)"
     for job in (one_device, *jobs):
+        api.post(f"/jobs/{job['id']}/cancel", headers=auth)
+
+
+def test_a_worker_coming_online_is_seen_within_the_online_queues_ttl(api, auth, rows, monkeypatch):
+    """Polls reuse which queues have a live worker for ONLINE_QUEUES_TTL_S, then read it again."""
+    from app import jobs
+    from app.db import session_scope
+    from app.models import Worker, utcnow
+
+    monkeypatch.setattr(jobs, "ONLINE_QUEUES_TTL_S", 0.3)
+    job = api.post("/jobs", json={**TPU_TORCH, "framework": "jax", "devices": 4}, headers=auth).json()
+    assert job["waiting_reason"].startswith("no online worker owns 4 tpu devices")
+    name = "ttl-tpu:1"
+    with session_scope() as session:
+        session.add(Worker(name=name, hostname="ttl", hardware="tpu", queues=["tpu.jax.x4"], devices=[], versions={},
+                           started_at=utcnow(), last_seen=utcnow()))
+        session.commit()
+    try:
+        time.sleep(0.4)
+        seen = api.get(f"/jobs/{job['id']}", headers=auth).json()["waiting_reason"]
+        assert seen.startswith("waiting for a free worker on tpu.jax.x4")
+    finally:
+        from sqlalchemy import delete
+
+        with session_scope() as session:
+            session.execute(delete(Worker).where(Worker.name == name))
+            session.commit()
         api.post(f"/jobs/{job['id']}/cancel", headers=auth)

@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, bindparam, func, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -41,6 +41,8 @@ def create_job(session: Session, owner: Caller, spec: JobSpec, idempotency_key: 
     if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
         return earlier, None
     job = new_job(owner, spec, idempotency_key)
+    # Counted before the insert, outside the key's lock: exact for one submission at a time; a
+    # burst of concurrent ones may be told the same place (GET /jobs/{id} counts again, exactly).
     position = queue_position(session, job)
     session.add(job)
     try:
@@ -104,10 +106,16 @@ def enqueue(session: Session, job: Job) -> bool:
         log.exception("could not enqueue job %s; it stays queued", job.id)
         return False
     now = utcnow()
-    if not session.in_transaction():  # the stamp alone: one round trip, without BEGIN and COMMIT
-        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-    session.execute(_STAMP_ENQUEUED, {"job_id": job.id, "now": now})
-    session.commit()
+    try:
+        if not session.in_transaction():  # the stamp alone: one round trip, without BEGIN and COMMIT
+            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        session.execute(_STAMP_ENQUEUED, {"job_id": job.id, "now": now})
+        session.commit()
+    except SQLAlchemyError:  # e.g. no free connection: the id is sent all the same
+        session.rollback()
+        log.warning("job %s was sent to %s but not stamped; the reconciler sends it again (harmless)",
+                    job.id, job.queue, exc_info=True)
+        return True
     set_committed_value(job, "enqueued_at", now)  # what the row now says, without another UPDATE
     return True
 

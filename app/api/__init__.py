@@ -6,8 +6,16 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 
-def json_response(model: BaseModel, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """`model` as JSON, sent as it is. For the routes polled most (GET and POST /jobs): a model
-    returned plainly is validated again against the route's response_model, and for a sync route
-    in one more thread-pool hop, though to_schema has just built it from that model."""
-    return Response(model.model_dump_json(), status_code=status_code, headers=headers, media_type="application/json")
+def json_response(content: BaseModel | list[BaseModel], status_code: int = 200,
+                  headers: dict[str, str] | None = None) -> Response:
+    """`content` (a model, or a list of them) as JSON, sent as it is. Every route of a resource
+    answers this way, for two reasons. A model returned plainly is validated again against the
+    route's response_model, and for a sync route in one more thread-pool hop, while the request's
+    session still holds its database connection: under load, requests holding every connection
+    would wait for threads that all wait for a connection (a deadlock until the pool timeout).
+    And that validation is work done twice: the routes build these models from their schemas."""
+    if isinstance(content, BaseModel):
+        body = content.model_dump_json()
+    else:
+        body = "[" + ",".join(item.model_dump_json() for item in content) + "]"
+    return Response(body, status_code=status_code, headers=headers, media_type="application/json")

@@ -11,6 +11,7 @@ from starlette.concurrency import iterate_in_threadpool
 
 from app import jobs as service
 from app import storage
+from app.api import json_response
 from app.api.jobs import owned_job
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
@@ -39,11 +40,12 @@ def content_disposition(name: str) -> str:
 
 
 @router.get("", response_model=list[ArtifactInfo])
-def list_artifacts(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> list[ArtifactInfo]:
+def list_artifacts(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """The job's files with their size in bytes, sha256 and download URL."""
     job = owned_job(session, user, job_id)
     base = str(request.base_url).rstrip("/")
-    return [ArtifactInfo(**service.artifact_dict(a, f"{base}/jobs/{job.id}/artifacts/{a.name}")) for a in job.artifacts]
+    return json_response([ArtifactInfo(**service.artifact_dict(a, f"{base}/jobs/{job.id}/artifacts/{a.name}"))
+                          for a in job.artifacts])
 
 
 @router.head("/{name}", response_class=FileResponse, include_in_schema=False)  # one operation id: GET's
@@ -63,6 +65,7 @@ def download_artifact(job_id: str, name: str, request: Request, session: Session
     artifact = next((a for a in job.artifacts if a.name == name), None)
     if artifact is None:
         raise missing
+    session.close()  # the file may take minutes to send: its connection goes back to the pool now
     store = storage.store_for(artifact.path)
     try:
         if isinstance(store, storage.LocalStore):

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from app import comparisons as service
 from app import jobs, limits
+from app.api import json_response
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
 from app.models import Comparison as ComparisonRow
@@ -41,35 +42,34 @@ def render(session: SessionDep, comparison: ComparisonRow, request: Request) -> 
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison, responses=responses(429))
-def create_comparison(spec: ComparisonSpec, request: Request, response: Response, session: SessionDep,
-                      user: CurrentUser) -> Comparison:
+def create_comparison(spec: ComparisonSpec, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """Train the spec (no `framework`) once with JAX and once with PyTorch, on the same hardware,
     from the same initial weights and with the same batch order. The two jobs count as two
     against the key's limits (429 when over one); the spec meets this server's limits as in
     `POST /jobs`."""
     spec = limits.apply_limits(spec)
     comparison = service.create_comparison(session, user, spec)
-    response.headers["Location"] = f"/comparisons/{comparison.id}"
-    return render(session, comparison, request)
+    return json_response(render(session, comparison, request), status.HTTP_201_CREATED,
+                         headers={"Location": f"/comparisons/{comparison.id}"})
 
 
 @router.get("", response_model=list[Comparison])
 def list_comparisons(request: Request, session: SessionDep, user: CurrentUser,
-                     limit: Annotated[int, Query(ge=1, le=100)] = 20) -> list[Comparison]:
+                     limit: Annotated[int, Query(ge=1, le=100)] = 20) -> Response:
     """The caller's comparisons, newest first."""
-    return [render(session, c, request) for c in service.list_comparisons(session, user, limit)]
+    return json_response([render(session, c, request) for c in service.list_comparisons(session, user, limit)])
 
 
 @router.get("/{comparison_id}", response_model=Comparison)
-def read_comparison(comparison_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Comparison:
+def read_comparison(comparison_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """Both jobs, the parity check and, once both succeeded, the side-by-side table."""
-    return render(session, owned_comparison(session, user, comparison_id), request)
+    return json_response(render(session, owned_comparison(session, user, comparison_id), request))
 
 
 @router.post("/{comparison_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison)
-def cancel_comparison(comparison_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Comparison:
+def cancel_comparison(comparison_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """Cancel both jobs (those still queued or running)."""
     comparison = owned_comparison(session, user, comparison_id)
     service.cancel_comparison(session, comparison)
     session.refresh(comparison)
-    return render(session, comparison, request)
+    return json_response(render(session, comparison, request), status.HTTP_202_ACCEPTED)

@@ -63,7 +63,7 @@ def list_jobs(
     hardware: Literal["cpu", "gpu", "tpu"] | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
-) -> JobPage:
+) -> Response:
     """The caller's jobs, newest first, filtered by status, framework and hardware."""
     try:
         page, next_cursor = service.list_jobs(
@@ -75,7 +75,8 @@ def list_jobs(
         ])
     served = service.online_queues(session)
     base_url = str(request.base_url)
-    return JobPage(items=[service.to_schema(session, j, base_url, served) for j in page], next_cursor=next_cursor)
+    return json_response(JobPage(items=[service.to_schema(session, j, base_url, served) for j in page],
+                                 next_cursor=next_cursor))
 
 
 @router.get("/{job_id}", response_model=Job)
@@ -85,7 +86,7 @@ def read_job(job_id: str, request: Request, session: SessionDep, user: CurrentUs
 
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses=responses(409))
-def cancel_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Job:
+def cancel_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """Cancel a job: a queued one never runs; a running one stops at its next chunk of steps
     and ends `cancelled` with the metrics of the epochs it finished. 409 if it already ended."""
     job = owned_job(session, user, job_id)
@@ -93,10 +94,10 @@ def cancel_job(job_id: str, request: Request, session: SessionDep, user: Current
         job = service.cancel_job(session, job)
     except service.CannotCancel as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {exc}; only queued or running jobs can be cancelled")
-    return service.to_schema(session, job, str(request.base_url))
+    return json_response(service.to_schema(session, job, str(request.base_url)), status.HTTP_202_ACCEPTED)
 
 
 @router.get("/{job_id}/metrics", response_model=list[EpochMetrics])
-def read_metrics(job_id: str, session: SessionDep, user: CurrentUser) -> list[EpochMetrics]:
+def read_metrics(job_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """Per-epoch metrics so far, in epoch order."""
-    return [EpochMetrics(**service.metric_dict(m)) for m in owned_job(session, user, job_id).metrics]
+    return json_response([EpochMetrics(**service.metric_dict(m)) for m in owned_job(session, user, job_id).metrics])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from sqlalchemy import select
 
 from app import heartbeats
+from app.api import json_response
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
 from app.models import Job
@@ -15,7 +16,7 @@ router = APIRouter(prefix="/workers", tags=["workers"], responses=responses(401,
 
 
 @router.get("", response_model=WorkerList)
-def list_workers(session: SessionDep, user: CurrentUser) -> WorkerList:
+def list_workers(session: SessionDep, user: CurrentUser) -> Response:
     """Workers seen in the last 24 hours, online first, each with its queues, devices, versions
     and current job; and for every queue `<hardware>.<framework>` the queued jobs (everyone's)
     and the online workers serving it. Another user's job is never named: its worker is only `busy`
@@ -40,8 +41,8 @@ def list_workers(session: SessionDep, user: CurrentUser) -> WorkerList:
         for w in workers
     ]
     items.sort(key=lambda w: not w.online)  # stable: online first, each group most recent first
-    return WorkerList(
+    return json_response(WorkerList(
         workers=items,
         queues=[QueueDepth(name=q, depth=depths.get(q, 0), workers_online=serving.get(q, 0))
                 for q in sorted(set(depths) | set(serving))],
-    )
+    ))

@@ -72,9 +72,10 @@ def test_requests_beyond_the_pool_and_the_thread_pool_all_get_answers(api, auth,
     monkeypatch.setenv("TRAINHUB_DB_MAX_OVERFLOW", "0")
     monkeypatch.setenv("TRAINHUB_DB_POOL_TIMEOUT_S", "5")
     reset_caches()
+    paths = [f"/jobs/{job['id']}", "/jobs", "/workers", f"/jobs/{job['id']}/metrics", f"/jobs/{job['id']}/artifacts"]
     with ThreadPoolExecutor(64) as pool:
-        codes = list(pool.map(lambda _: api.get(f"/jobs/{job['id']}", headers=auth).status_code, range(256)))
-    assert codes == [200] * 256
+        codes = list(pool.map(lambda i: api.get(paths[i % len(paths)], headers=auth).status_code, range(320)))
+    assert codes == [200] * 320
 
 
 def test_a_dead_pooled_connection_is_replaced_once_it_was_idle(services_env, database_url):

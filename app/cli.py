@@ -37,7 +37,8 @@ def main() -> None:
 def up(
     host: str = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
-    var_dir: Annotated[Path, typer.Option(help="SQLite, broker and artifacts live here")] = Path("var"),
+    var_dir: Annotated[Path, typer.Option(help="SQLite, broker and artifacts live here",
+                                          envvar="TRAINHUB_VAR_DIR")] = Path("var"),
     workers: Annotated[int, typer.Option(min=1, max=8)] = 1,
     cpu_devices: Annotated[int, typer.Option(min=1, help="devices each worker's cores count as, for data "
                                              "parallel jobs (spec devices > 1)")] = 1,
@@ -523,7 +524,8 @@ def export(
 def demo(
     epochs: int = 5,
     dataset: str = "fashion-mnist",
-    var_dir: Path = Path("var"),
+    var_dir: Annotated[Path, typer.Option(help="where the embedded stack keeps its files",
+                                          envvar="TRAINHUB_VAR_DIR")] = Path("var"),
 ) -> None:
     """Start the embedded stack, train the seeds' MNIST MLP in JAX and in PyTorch through the
     HTTP API, print them side by side, and stop the stack."""

@@ -30,11 +30,7 @@ def create_comparison(session: Session, owner: Caller, spec: ComparisonSpec) -> 
                             jax_job_id=jax_job.id, pytorch_job_id=torch_job.id, created_at=jax_job.created_at)
     session.add(comparison)
     session.flush()
-    try:
-        limits.check_quota(session, owner, len(FRAMEWORKS))
-    except limits.QuotaExceeded:
-        session.rollback()
-        raise
+    limits.check_quota(session, owner, len(FRAMEWORKS))
     session.commit()
     for job in (jax_job, torch_job):
         jobs.enqueue(session, job)

@@ -53,11 +53,7 @@ def create_job(session: Session, owner: Caller, spec: JobSpec, idempotency_key: 
         if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
             return earlier, None
         raise
-    try:
-        limits.check_quota(session, owner, 1)
-    except limits.QuotaExceeded:
-        session.rollback()
-        raise
+    limits.check_quota(session, owner, 1)
     session.commit()
     enqueue(session, job)
     return job, position

@@ -139,36 +139,44 @@ _RECENT_OLDEST_FIRST = select(Job.created_at).where(Job.owner_id == bindparam("o
 
 
 def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Settings | None = None) -> None:
-    """Lock the key's row for the rest of the transaction, then raise QuotaExceeded when its
-    `new_jobs` new jobs pass the key's queued or per-minute limit. Call it in the transaction that
-    adds the jobs, once they are flushed (they are counted), right before the commit; on
-    QuotaExceeded, roll back."""
-    s = settings or get_settings()
+    """Lock the key's row for the rest of the transaction, count its jobs, and when its `new_jobs`
+    new jobs pass the key's queued or per-minute limit, roll the transaction back (the new rows
+    with it) and raise QuotaExceeded. Call it in the transaction that adds the jobs, once they are
+    flushed (they are counted), right before the commit."""
     session.execute(_LOCK_KEY, {"owner_id": owner.id})
     now = utcnow()
     since = now - timedelta(seconds=RATE_WINDOW_S)
-    with_new, recent_with_new = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()
-    queued, recent = with_new - new_jobs, recent_with_new - new_jobs
+    queued, recent = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()
+    if error := _over_quota(session, owner, queued - new_jobs, recent - new_jobs, new_jobs, since, now,
+                            settings or get_settings()):
+        session.rollback()
+        raise error
+
+
+def _over_quota(session: Session, owner: Caller, queued: int, recent: int, new_jobs: int, since: datetime,
+                now: datetime, s: Settings) -> QuotaExceeded | None:
+    """The limit `new_jobs` more jobs would pass, given the key's `queued` and `recent` ones."""
     if queued + new_jobs > s.max_queued_jobs_per_key:
-        raise QuotaExceeded(
+        return QuotaExceeded(
             f"this key has {queued} job(s) queued{_and_this(new_jobs)}; the limit is {s.max_queued_jobs_per_key} "
             f"(max_queued_jobs_per_key, set by TRAINHUB_MAX_QUEUED_JOBS_PER_KEY): wait for some to start "
             "or cancel some"
         )
     if new_jobs > s.max_submissions_per_minute:
-        raise QuotaExceeded(
+        return QuotaExceeded(
             f"this request creates {new_jobs} jobs, more than the limit of {s.max_submissions_per_minute} per minute "
             "(max_submissions_per_minute, set by TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE)"
         )
     excess = recent + new_jobs - s.max_submissions_per_minute
     if excess > 0:
         retry_after = seconds_until_freed(session, owner, since, now, excess)
-        raise QuotaExceeded(
+        return QuotaExceeded(
             f"this key created {recent} job(s) in the last minute{_and_this(new_jobs)}; the limit is "
             f"{s.max_submissions_per_minute} per minute (max_submissions_per_minute, set by "
             f"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE): retry in {retry_after} s",
             retry_after,
         )
+    return None
 
 
 def _and_this(new_jobs: int) -> str:

@@ -88,9 +88,9 @@ def cleanup(database_url: str, redis_url: str, owner: str, raw_messages: list[by
     try:
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM jobs WHERE owner_id = :o AND hardware = 'tpu'"), {"o": owner})
-        vacuum_jobs(engine)
     finally:
         engine.dispose()
+    vacuum_jobs(database_url)
     client = redis.Redis.from_url(redis_url)
     pipe = client.pipeline()
     for message in raw_messages:
@@ -98,13 +98,17 @@ def cleanup(database_url: str, redis_url: str, owner: str, raw_messages: list[by
     pipe.execute()
 
 
-def vacuum_jobs(engine) -> None:
+def vacuum_jobs(database_url: str) -> None:
     """VACUUM ANALYZE the jobs table: the index entries of deleted rows are gone and the planner's
     statistics are fresh, so each run starts from the same state whatever the ones before left."""
-    from sqlalchemy import text
+    from sqlalchemy import create_engine, text
 
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        connection.execute(text("VACUUM ANALYZE jobs"))
+    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")  # VACUUM runs outside a transaction
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("VACUUM ANALYZE jobs"))
+    finally:
+        engine.dispose()
 
 
 def measure_get(url: str, key: str, ids: list[str], get_s: float, get_rate: float) -> dict:
@@ -125,13 +129,7 @@ def measure(url: str, key: str, database_url: str, redis_url: str, post_s: float
     owner = owner_id(database_url, key)
     if stored_job_ids(database_url, owner) or queued_job_ids(redis_url)[0]:
         raise RuntimeError(f"{LOAD_QUEUE} or the bench key's tpu jobs are not empty before the load")
-    from sqlalchemy import create_engine
-
-    engine = create_engine(database_url)
-    try:
-        vacuum_jobs(engine)  # what earlier runs (or the trainer jobs before) left behind
-    finally:
-        engine.dispose()
+    vacuum_jobs(database_url)  # what earlier runs (or the trainer jobs before) left behind
     post = run_load(["post", "--url", url, "--key", key, "--duration", str(post_s),
                      "--concurrency", str(concurrency), "--spec", json.dumps(LOAD_SPEC)], timeout_s=post_s + 120)
     accepted = post.pop("ids")

@@ -357,9 +357,13 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
     table = Table(title=f"job {job['id']}", show_header=False)
     spec = job["spec"]
     table.add_row("status", job["status"] + (f" ({job['waiting_reason']})" if job["waiting_reason"] else ""))
-    table.add_row("spec", f"{spec['framework']} on {spec['hardware']}, {spec['dataset']['name']}, "
+    devices = spec.get("devices", 1)
+    table.add_row("spec", f"{spec['framework']} on {spec['hardware']}"
+                          f"{f' x{devices} devices' if devices > 1 else ''}, {spec['dataset']['name']}, "
                           f"{spec['epochs']} epochs, batch {spec['batch_size']}")
     table.add_row("progress", f"epoch {job['progress']['epoch']} of {job['progress']['epochs']}")
+    if worker := job["worker"]:
+        table.add_row("worker", f"{worker['name']} on {', '.join(worker.get('devices', [])) or worker['hardware']}")
     if job["result"]:
         table.add_row("result", ", ".join(f"{k} {v:.4f}" for k, v in job["result"].items()))
     if job["timings"]:

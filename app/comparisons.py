@@ -38,7 +38,8 @@ def create_comparison(session: Session, owner: Caller, spec: ComparisonSpec) -> 
 
 
 def get_comparison(session: Session, owner: Caller, comparison_id: str) -> Comparison | None:
-    comparison = session.get(Comparison, comparison_id) if jobs.is_id(comparison_id) else None
+    full_id = jobs.canonical_id(comparison_id)
+    comparison = session.get(Comparison, full_id) if full_id is not None else None
     return comparison if comparison is not None and (comparison.owner_id == owner.id or owner.is_admin) else None
 
 

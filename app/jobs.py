@@ -118,10 +118,18 @@ def enqueue(session: Session, job: Job) -> bool:
 
 def is_id(value: str) -> bool:
     """Ids are UUIDs; anything else (a NUL, a path) cannot name a row and is not looked up."""
+    return canonical_id(value) == value
+
+
+def canonical_id(value: str) -> str | None:
+    """`value` as ids are stored (a UUID's lower-case, hyphenated form) when it spells a UUID in
+    any of the usual ways (upper case, without hyphens, in braces, urn:uuid:); else None."""
+    if len(value) > 45:
+        return None
     try:
-        return str(uuid.UUID(value)) == value
+        return str(uuid.UUID(value))
     except ValueError:
-        return False
+        return None
 
 
 # One job's metrics and artifacts are read when used (to_schema skips them for a job no worker
@@ -133,11 +141,11 @@ def get_job(session: Session, owner: Caller, job_id: str) -> Job | None:
     """The owner's job, or None when it does not exist or belongs to someone else (an admin key
     gets any job). Callers answer None with 404, never 403: an id reveals nothing.
 
-    `job_id` may also be the first 8 or more characters of an id (as the CLI and dashboard show
-    them) when exactly one of the owner's jobs starts with them."""
-    if not is_id(job_id):
-        return _by_prefix(session, owner, job_id)
-    job = session.get(Job, job_id, options=_ON_FIRST_USE)
+    `job_id` is the id in any case, with or without hyphens, or its first 8 or more characters
+    (as the CLI and dashboard show them) when exactly one of the owner's jobs starts with them."""
+    if (full_id := canonical_id(job_id)) is None:
+        return _by_prefix(session, owner, job_id.lower())
+    job = session.get(Job, full_id, options=_ON_FIRST_USE)
     return job if job is not None and (job.owner_id == owner.id or owner.is_admin) else None
 
 

@@ -61,7 +61,10 @@ class Config:
     train_limit: int | None = None
     test_limit: int | None = None
     linear_n: int = 20000        # synthetic samples; the large run has 4x
-    linear_epochs: int = 4
+    # An epoch of the small run is ~0.1 s (JAX): a stall of the shared machine is a large part of
+    # one, so each run's median is over 7 steady epochs and each size keeps its best of 3 runs.
+    linear_epochs: int = 8
+    linear_rounds: int = 3
     service_epochs: int = 3
     service_train_limit: int | None = None
     rss_jobs: int = 20
@@ -85,7 +88,7 @@ class Config:
     @classmethod
     def quick(cls) -> "Config":
         return cls(epochs=2, rounds=1, train_limit=1280, test_limit=500, linear_n=1024, linear_epochs=2,
-                   service_epochs=1, service_train_limit=1280, rss_jobs=3, rss_train_limit=1280,
+                   linear_rounds=1, service_epochs=1, service_train_limit=1280, rss_jobs=3, rss_train_limit=1280,
                    api_post_s=1.0, api_get_s=1.0, api_get_rate=50.0, api_concurrency=4,
                    matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, one_process=True)
 
@@ -195,7 +198,7 @@ def measure_cnn(config: Config, env: dict[str, str]) -> dict:
 
 def measure_linearity(config: Config, env: dict[str, str], done: dict[str, dict] | None = None) -> dict:
     """Steady s/epoch of each trainer on N and 4N synthetic samples (a process each, the sizes
-    alternating, best of `config.rounds` runs per size), and their ratio."""
+    alternating, best of `config.linear_rounds` runs per size), and their ratio."""
     sizes = (config.linear_n, 4 * config.linear_n)
     runs: dict[str, dict[int, list[float]]] = {loop: {n: [] for n in sizes} for loop in LINEAR_LOOPS}
     if done:
@@ -203,10 +206,10 @@ def measure_linearity(config: Config, env: dict[str, str], done: dict[str, dict]
             for n in sizes:
                 runs[loop][n].append(steady(done[linear_name(loop, n)]["epoch_times"]))
     else:
-        for r in range(config.rounds):
+        for r in range(config.linear_rounds):
             for n in (sizes if r % 2 == 0 else sizes[::-1]):
                 for loop in LINEAR_LOOPS:
-                    log(f"linearity {r + 1}/{config.rounds}: {loop} on {n} synthetic samples "
+                    log(f"linearity {r + 1}/{config.linear_rounds}: {loop} on {n} synthetic samples "
                         f"({config.linear_epochs} epochs)")
                     name = linear_name(loop, n)
                     runs[loop][n].append(steady(run_loops([name], loop_args(config), env)[name]["epoch_times"]))

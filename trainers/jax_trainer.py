@@ -5,12 +5,14 @@ The run reads like the seeds' loop, made fast:
 - the data is put on the device once and each batch is gathered there by index;
 - `train_step(state, batch, key)` is pure; `jax.lax.scan` runs CHUNK_STEPS of them per call,
   so Python dispatches one program per chunk instead of one per step, and `should_stop`
-  is asked between chunks;
+  is asked between chunks; when steps are slow, a call runs only the steps that fit in
+  CHUNK_TARGET_S and skips the rest, so a cancel never waits for minutes of steps;
 - the chunk program is compiled ahead of time for one fixed shape. The epoch's steps are
   spread evenly over its chunks and the last chunk is padded with skipped steps, so an epoch
   of any length reuses that one program;
 - the state is donated, so XLA updates params and opt_state in place;
-- the host waits for the device once per epoch (the loss and accuracy sums).
+- the host stays one call ahead of the device: it waits for the call before the one it just
+  dispatched, so the device never idles between calls and a cancel is not queued behind many.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from trainers.jax_models import build, eval_metrics, variables_from_weights, wei
 from trainers.spec import JobSpec
 
 CHUNK_STEPS = 50  # steps per compiled call: long enough to hide dispatch, short enough to stop promptly
+# ...unless steps are slow (a large model): then a call runs only the steps that fit in this
+# many seconds, so a cancel or max_runtime_s is honoured within about that (see steps_per_chunk).
+CHUNK_TARGET_S = 1.0
 PARAMS_FILE = "params.msgpack"
 
 
@@ -99,20 +104,31 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
         for done in metrics:  # re-reported: the worker may have died before it stored them
             report(done.epoch, done)
     checkpoint_s, checkpoint_programs = 0.0, 0
+    pace = Pace(chunk_steps)
     for epoch in range(len(metrics) + 1, spec.epochs + 1):
         batches = epoch_batches(spec.seed, epoch, n, batch_size)
         epoch_start = time.perf_counter()
         totals = np.zeros(3, np.float32)  # summed batch losses, correct predictions, step 0's loss
-        for batch_idx, step_ids, valid in _chunks(batches, chunk_steps):
+        first = 0
+        while first < steps:
             should_stop()
+            count = pace.steps()
+            batch_idx, step_ids, valid = _chunk(batches, first, count, chunk_steps)
+            call_start, previous = time.perf_counter(), totals
             state, totals = run_chunk(
-                state, totals, x_train, y_train, batch_idx, step_ids, valid, key, np.int32(epoch)
+                state, previous, x_train, y_train, batch_idx, step_ids, valid, key, np.int32(epoch)
             )
-        # The only host sync of the epoch: the clock stops once the device is done.
+            if pace.probing:  # a step alone: wait for it, and time it
+                jax.block_until_ready(totals)
+                pace.timed(time.perf_counter() - call_start)
+            jax.block_until_ready(previous)  # the call before this one is done: the host stays one call ahead
+            first += count
+        # The clock stops once the device is done.
         jax.block_until_ready(state)
         loss_sum, correct, step0_loss = (float(v) for v in jax.device_get(totals))
         first_step_loss = step0_loss if epoch == 1 else first_step_loss
         epoch_time_s = time.perf_counter() - epoch_start
+        pace.timed(epoch_time_s / steps)
 
         eval_start = time.perf_counter()
         test_loss, test_accuracy = (float(v) for v in jax.device_get(evaluate(_eval_variables(state), x_test, y_test)))
@@ -316,7 +332,9 @@ def _compile_chunk(state, x_train, y_train, key, chunk_steps: int, batch_size: i
         replicated = NamedSharding(options.batch_sharding.mesh, PartitionSpec())
         shardings = {"out_shardings": (replicated, replicated)}
         totals = jax.device_put(totals, replicated)
-    jitted = jax.jit(partial(train_chunk, options=options), donate_argnums=(0, 1), **shardings)  # state and totals are updated in place
+    # The state is updated in place; totals is not donated: the host waits on the one a call
+    # was given (the call before's) to stay one call ahead of the device.
+    jitted = jax.jit(partial(train_chunk, options=options), donate_argnums=0, **shardings)
     lowered = jitted.lower(state, totals, x_train, y_train, batch_idx, step_ids, valid, key, np.int32(1))
     return lowered.compile()
 
@@ -327,15 +345,43 @@ def _chunk_steps(steps: int) -> int:
     return -(-steps // chunks)
 
 
-def _chunks(batches: np.ndarray, chunk_steps: int):
-    """Yield (batch_idx [C, B], step_ids [C], valid [C]) per chunk; the last one padded to C steps."""
-    steps = len(batches)
-    for first in range(0, steps, chunk_steps):
-        count = min(chunk_steps, steps - first)
-        batch_idx = np.zeros((chunk_steps, batches.shape[1]), np.int32)
-        batch_idx[:count] = batches[first : first + count]
-        step_ids = np.arange(first, first + chunk_steps, dtype=np.int32)
-        yield batch_idx, step_ids, np.arange(chunk_steps) < count
+def steps_per_chunk(step_s: float, chunk_steps: int) -> int:
+    """Steps to run in one call: all `chunk_steps` when they take under CHUNK_TARGET_S together,
+    else as many as fit in it (at least one). The other steps of the call are skipped."""
+    return max(1, min(chunk_steps, int(CHUNK_TARGET_S / step_s))) if step_s > 0 else chunk_steps
+
+
+class Pace:
+    """How many steps each call runs, so that should_stop is asked about every CHUNK_TARGET_S
+    however slow a step is (with the host one call ahead of the device, a cancel waits for at
+    most two calls). The run's first steps run one per call and are timed (the second counts:
+    the first call also warms up); after that, each epoch's time per step."""
+
+    PROBES = 2
+
+    def __init__(self, chunk_steps: int) -> None:
+        self.chunk_steps, self.step_s, self.probes_left = chunk_steps, 0.0, self.PROBES
+
+    @property
+    def probing(self) -> bool:
+        return self.probes_left > 0
+
+    def steps(self) -> int:
+        return 1 if self.probing else steps_per_chunk(self.step_s, self.chunk_steps)
+
+    def timed(self, step_s: float) -> None:
+        """A step took `step_s` seconds (one run alone, or an epoch's average)."""
+        self.step_s, self.probes_left = step_s, max(0, self.probes_left - 1)
+
+
+def _chunk(batches: np.ndarray, first: int, count: int, chunk_steps: int):
+    """(batch_idx [C, B], step_ids [C], valid [C]) for the epoch's steps first..first+count-1
+    (fewer at the epoch's end), padded to C = chunk_steps with skipped steps."""
+    count = min(count, len(batches) - first)
+    batch_idx = np.zeros((chunk_steps, batches.shape[1]), np.int32)
+    batch_idx[:count] = batches[first : first + count]
+    step_ids = np.arange(first, first + chunk_steps, dtype=np.int32)
+    return batch_idx, step_ids, np.arange(chunk_steps) < count
 
 
 def _check_backend(hardware: str) -> None:

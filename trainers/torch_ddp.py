@@ -133,6 +133,8 @@ def _wait_for_exit(ranks: list, timeout_s: float) -> None:
 class Group:
     """One rank's world: its device, its share of each batch, DDP, and sums over all ranks."""
 
+    timed_stop_checks = False  # the ranks agree on stopping with an all-reduce: same steps on every rank
+
     def __init__(self, rank: int, size: int, device: torch.device) -> None:
         self.rank, self.size, self.device = rank, size, device
 

@@ -27,6 +27,8 @@ from trainers.spec import JobSpec
 from trainers.torch_models import MLP, evaluate, from_weights, weights_from_state_dict
 
 STOP_CHECK_STEPS = 50  # ask should_stop every this many steps, as the JAX trainer does per chunk
+# ...or, on one device, once this many seconds passed since the last ask (slow steps: a large model)
+STOP_CHECK_S = 1.0
 STATE_DICT_FILE = "state_dict.pt"
 
 
@@ -54,6 +56,8 @@ class OneDevice:
     trainers.torch_ddp.Group is the same interface over DDP's process group."""
 
     rank, size = 0, 1
+    # should_stop may be asked after any step (DDP's ranks must agree on when: every STOP_CHECK_STEPS)
+    timed_stop_checks = True
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -131,9 +135,12 @@ def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop,
         model.train()
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
+        next_check = 0.0
         for step, idx in enumerate(batches):
-            if step % STOP_CHECK_STEPS == 0:
+            if step % STOP_CHECK_STEPS == 0 or world.timed_stop_checks and time.perf_counter() > next_check:
+                _wait_for(device)  # a GPU runs behind the host: the steps asked about are done
                 should_stop()
+                next_check = time.perf_counter() + STOP_CHECK_S
             x, y = x_train[idx], y_train[idx]
             optimizer.zero_grad(set_to_none=True)
             if spec.privacy is not None:

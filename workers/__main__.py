@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 
 from workers.hardware import FRAMEWORKS, detect, pin
 
@@ -67,19 +69,44 @@ def main(argv: list[str] | None = None) -> int:
     # trainers/ reads the cache location from the environment (it knows nothing of Settings).
     os.environ.setdefault("TRAINHUB_COMPILE_CACHE_DIR",
                           str((settings.compile_cache_dir or settings.var_dir / "jax-cache").resolve()))
-    from workers.identity import register, start_heartbeat
+    from workers.identity import Heartbeat, register
     from workers.reconciler import reconcile
 
     migrate()
-    identity = register(caps)
-    start_heartbeat(identity, settings.heartbeat_s, reconcile)
-    print(f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}", flush=True)
-    celery.worker_main([
-        "worker", "--pool=solo", "--concurrency=1", f"--queues={','.join(caps.queues)}",
-        f"--hostname=trainhub-{args.hardware}@{identity.name}", f"--loglevel={args.loglevel}",
-        "--without-gossip", "--without-mingle",
-    ])
+    stop_when_ready = stop_once_celery_is_ready()
+    identity, heartbeat = register(caps), None
+    try:
+        heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile)
+        print(f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}",
+              flush=True)
+        if stop_when_ready.is_set():
+            return 0
+        celery.worker_main([
+            "worker", "--pool=solo", "--concurrency=1", f"--queues={','.join(caps.queues)}",
+            f"--hostname=trainhub-{args.hardware}@{identity.name}", f"--loglevel={args.loglevel}",
+            "--without-gossip", "--without-mingle",
+        ])
+    finally:  # a warm shutdown (SIGTERM, SIGINT) has released the job it was running
+        if heartbeat is not None:
+            heartbeat.stop()
     return 0
+
+
+def stop_once_celery_is_ready() -> threading.Event:
+    """Until Celery installs its signal handlers, a SIGTERM is remembered (and the returned event
+    set) rather than fatal; once the worker is ready it is sent again, to Celery's handler: a warm
+    shutdown, so the worker leaves the fleet through main's `finally` whenever it was stopped."""
+    from celery.signals import worker_ready
+
+    asked = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: asked.set())
+
+    @worker_ready.connect(weak=False)
+    def _stop_if_asked(**_) -> None:
+        if asked.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return asked
 
 
 if __name__ == "__main__":

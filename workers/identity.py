@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy import delete
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db import get_engine, session_scope
@@ -74,20 +75,34 @@ def beat(identity: WorkerIdentity) -> None:
         session.commit()
 
 
-def start_heartbeat(identity: WorkerIdentity, interval_s: float, tick: Callable[[], None]) -> threading.Thread:
-    """Beat now, then every `interval_s` seconds in a daemon thread, each beat followed by `tick`
-    (the reconciler). It beats while a job trains: that is how others know this worker lives."""
-    beat(identity)
+class Heartbeat:
+    """Beats now, then every `interval_s` seconds in a daemon thread, each beat followed by `tick`
+    (the reconciler). It beats while a job trains: that is how others know this worker lives.
+    `stop()` ends it and deletes the row: a worker that stopped cleanly is gone at once, rather
+    than online for another worker_timeout_s (a crashed one keeps its row, and that timeout)."""
 
-    def loop() -> None:
-        stop = threading.Event()
-        while not stop.wait(interval_s):
-            try:
-                beat(identity)
-                tick()
-            except Exception as exc:  # the database or broker may be away for a while; keep trying
-                log.warning("heartbeat: %s: %s", type(exc).__name__, exc)
+    def __init__(self, identity: WorkerIdentity, interval_s: float, tick: Callable[[], None]) -> None:
+        self.identity = identity
+        self._stop = threading.Event()
+        beat(identity)
 
-    thread = threading.Thread(target=loop, name="trainhub-heartbeat", daemon=True)
-    thread.start()
-    return thread
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    beat(identity)
+                    tick()
+                except Exception as exc:  # the database or broker may be away for a while; keep trying
+                    log.warning("heartbeat: %s: %s", type(exc).__name__, exc)
+
+        self._thread = threading.Thread(target=loop, name="trainhub-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)  # a beat or reconcile under way finishes first
+        try:
+            with session_scope() as session:
+                session.execute(delete(Worker).where(Worker.name == self.identity.name))
+                session.commit()
+        except Exception as exc:  # the database is away: the row times out instead
+            log.warning("could not delete worker %s's heartbeat: %s: %s", self.identity.name, type(exc).__name__, exc)

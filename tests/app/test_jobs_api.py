@@ -145,9 +145,11 @@ def test_a_job_is_found_by_the_short_id_the_cli_shows_when_only_one_matches(api,
     assert api.get(f"/jobs/{short}/metrics", headers=auth).status_code == 200
     other = {"Authorization": f"Bearer {make_key('other')}"}
     assert api.get(f"/jobs/{short}", headers=other).status_code == 404  # another key's job: not found
-    upper = [short.upper()] if short.upper() != short else []  # (an all-digit prefix has no upper case)
-    for bad in (job["id"][:7], "%" * 8, "________", *upper):
+    for bad in (job["id"][:7], "%" * 8, "________", short + "%"):
         assert api.get(f"/jobs/{bad}", headers=auth).status_code == 404, bad
+    # Ids copied from elsewhere: upper case, without hyphens, in braces.
+    for spelling in (short.upper(), job["id"].upper(), job["id"].replace("-", ""), "{" + job["id"] + "}"):
+        assert api.get(f"/jobs/{spelling}", headers=auth).json()["id"] == job["id"], spelling
 
     # Two jobs starting with the same 8 characters: the short id names neither.
     twins = [api.post("/jobs", json={**DIGITS, "seed": s}, headers=auth).json()["id"] for s in (1, 2)]

@@ -200,3 +200,12 @@ def test_a_data_parallel_job_waits_for_a_worker_that_owns_its_devices(fleet):
         assert job["worker"]["name"] == wide and job["worker"]["devices"] == ["cpu:0", "cpu:1"]
         assert len(job["metrics"]) == 1 and job["result"]["test_accuracy"] > 0.5
     fleet.workers.pop("wide").terminate()
+
+
+def test_a_worker_stopped_cleanly_leaves_the_fleet_at_once(fleet):
+    name = fleet.start_worker("leaving", "--hardware", "cpu", "--frameworks", "jax", *one_core(0))
+    process = fleet.workers.pop("leaving")
+    process.send_signal(signal.SIGTERM)  # a warm shutdown, as `docker stop` or systemd sends
+    assert process.wait(timeout=60) == 0
+    # Its heartbeat row is gone: not listed as online (nor as recently seen) for worker_timeout_s.
+    assert name not in [w["name"] for w in fleet.client.workers()["workers"]]

@@ -143,6 +143,10 @@ def test_cli_submit_wait_status_and_download(service, tmp_path):
     assert "succeeded: test accuracy" in submitted.stderr
     status = run_cli(service, "status", job_id, "--json", key=key)
     assert json.loads(status.stdout)["status"] == "succeeded"
+    table = run_cli(service, "status", job_id[:8].upper(), key=key)  # a short id, as copied from a listing
+    assert table.returncode == 0, table.stderr
+    worker = json.loads(status.stdout)["worker"]
+    assert f"{worker['name']} on {worker['devices'][0]}" in " ".join(table.stdout.split())
     downloaded = run_cli(service, "download", job_id, "-o", str(tmp_path), key=key)
     assert downloaded.returncode == 0, downloaded.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "spec.json", "state_dict.pt",

@@ -102,15 +102,12 @@ def test_pytorch_weights_load_into_jax(digits_runs):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_stop_training_keeps_the_epochs_reported_so_far(tmp_path, digits_spec, framework):
-    calls = []
+    reported = []
 
     def should_stop():
-        calls.append(1)
-        # Two checks an epoch (89 steps; one per chunk or every 50): the fourth is in epoch 2.
-        if len(calls) == 4:
+        if reported:  # the first check of epoch 2
             raise StopTraining("cancelled")
 
-    reported = []
     with pytest.raises(StopTraining) as raised:
         fit(digits_spec(framework, epochs=5), tmp_path, lambda epoch, m: reported.append(epoch), should_stop)
 
@@ -142,18 +139,63 @@ def test_pytorch_refuses_a_gpu_job_without_a_gpu(tmp_path, digits_spec):
 
 def test_jax_chunks_pad_the_last_one_with_masked_steps():
     from trainers.common import epoch_batches
-    from trainers.jax_trainer import _chunk_steps, _chunks
+    from trainers.jax_trainer import _chunk, _chunk_steps
 
     assert [_chunk_steps(steps) for steps in (11, 50, 51, 89, 468)] == [11, 50, 26, 45, 47]
 
     batches = epoch_batches(0, 1, n=1437, batch_size=16)  # 89 steps
-    chunks = list(_chunks(batches, 50))
+    chunks = [_chunk(batches, first, 50, 50) for first in (0, 50)]
 
     assert [batch_idx.shape for batch_idx, _, _ in chunks] == [(50, 16), (50, 16)]
     assert [int(valid.sum()) for _, _, valid in chunks] == [50, 39]
     ran = np.concatenate([batch_idx[valid] for batch_idx, _, valid in chunks])
     np.testing.assert_array_equal(ran, batches)
     np.testing.assert_array_equal(np.concatenate([ids for _, ids, _ in chunks])[:89], np.arange(89))
+
+
+def test_jax_slow_steps_run_fewer_per_call():
+    from trainers.jax_trainer import CHUNK_TARGET_S, steps_per_chunk
+
+    assert steps_per_chunk(0.001, 50) == 50  # the MLP: a whole chunk in 50 ms
+    assert steps_per_chunk(CHUNK_TARGET_S / 10, 50) == 10
+    assert steps_per_chunk(CHUNK_TARGET_S * 60, 50) == 1  # a minute a step: one per call
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_fast_steps_ask_should_stop_once_per_chunk(tmp_path, digits_spec, framework):
+    reported, asked_in_epoch = [], []
+    fit(digits_spec(framework, epochs=2), tmp_path, lambda epoch, m: reported.append(epoch),
+        lambda: asked_in_epoch.append(len(reported) + 1))
+    # Epoch 2's 89 steps: two calls of 45 steps (JAX), or steps 0 and 50 (PyTorch). (JAX's epoch 1
+    # also runs its first two steps one by one, to time them.)
+    assert asked_in_epoch.count(2) == 2
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_slow_steps_ask_should_stop_after_every_step(tmp_path, digits_spec, monkeypatch, framework):
+    # A large model's steps take seconds: a cancel must not wait for a whole chunk of them.
+    # Here every step counts as slow (its budget is a nanosecond), so a cancel is seen after
+    # the step it came in.
+    from trainers import jax_trainer, torch_trainer
+
+    monkeypatch.setattr(jax_trainer, "CHUNK_TARGET_S", 1e-9)
+    monkeypatch.setattr(torch_trainer, "STOP_CHECK_S", 0.0)
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        if len(calls) == 3:
+            raise StopTraining("cancelled")
+
+    spec = digits_spec(framework, epochs=1)
+    with pytest.raises(StopTraining):
+        fit(spec, tmp_path, lambda *_: None, should_stop)
+    assert len(calls) == 3  # steps 0 and 1 ran, and the cancel came before step 2 (no chunk of steps ran)
+
+    calls.clear()
+    run = fit(spec, tmp_path / "whole", lambda *_: None, lambda: calls.append(1))
+    assert len(calls) == 1437 // spec.batch_size  # asked before every one of the epoch's 89 steps
+    assert run.timings["compilations"] == (1 if framework == "jax" else 0)
 
 
 def test_jax_persistent_compilation_cache(tmp_path):

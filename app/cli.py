@@ -376,6 +376,20 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
 
 
 @cli.command()
+def cancel(job_id: str, wait: Annotated[bool, typer.Option("--wait", help="wait until the job has stopped")] = False) -> None:
+    """Cancel a job: a queued one never runs; a running one stops after the step it is on (its
+    finished epochs' metrics stay). Cancelling a cancelled job is fine; exits 1 if it had
+    already succeeded or failed."""
+    with client_from_settings() as client:
+        job = call(client.cancel, job_id)
+        if job["status"] == "running":
+            print(f"job {job['id']}: cancel requested; it stops after its current step", file=sys.stderr)
+            if wait:
+                job = call(client.wait, job["id"])
+    print(job["status"])
+
+
+@cli.command()
 def watch(job_id: str, as_json: Annotated[bool, typer.Option("--json", help="print the final Job as JSON")] = False) -> None:
     """Follow a job with a progress bar (epoch k of n, loss, accuracy, ETA) until it ends;
     exits 0 only when it succeeded."""
@@ -484,8 +498,12 @@ def compare(
 def comparison_table(comparison: dict) -> Table:
     """The seeds' "Side by side" table, with measured numbers and the JAX/PyTorch ratio."""
     spec = comparison["spec"]
+    caption = [(comparison["parity"] or {}).get("message") or ""]
+    if comparison.get("overlap_s"):
+        caption.append(f"the two jobs ran at the same time for {comparison['overlap_s']:.1f} s: "
+                       "on one host, their timings include that contention")
     table = Table(title=f"{spec['dataset']['name']} {model_summary(spec['model'])} on {spec['hardware']}, "
-                        f"{spec['epochs']} epochs", caption=(comparison["parity"] or {}).get("message"))
+                        f"{spec['epochs']} epochs", caption="\n".join(c for c in caption if c))
     for column in ("", "PyTorch", "JAX", "JAX / PyTorch"):
         table.add_column(column, justify="left" if not column else "right")
     for row in comparison["table"] or []:

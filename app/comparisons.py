@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app import jobs, limits
 from app.keys import Caller
-from app.models import Comparison, Job
+from app.models import Comparison, Job, aware, utcnow
 from trainers.spec import ComparisonSpec, parameter_count
 
 FRAMEWORKS = ("jax", "pytorch")
@@ -74,6 +74,18 @@ def status_and_error(comparison: Comparison) -> tuple[str, dict | None]:
     if all(job.status == "queued" for job in sides.values()):
         return "queued", None
     return "running", None
+
+
+def overlap_s(comparison: Comparison) -> float | None:
+    """Seconds both jobs were running at once (started to finished, or to now for one still
+    running); None until both have started."""
+    jax_job, torch_job = comparison.jax_job, comparison.pytorch_job
+    if jax_job.started_at is None or torch_job.started_at is None:
+        return None
+    now = utcnow()
+    start = max(aware(jax_job.started_at), aware(torch_job.started_at))
+    end = min(aware(jax_job.finished_at or now), aware(torch_job.finished_at or now))
+    return max(0.0, (end - start).total_seconds())
 
 
 def table(comparison: Comparison) -> list[dict]:

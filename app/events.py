@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import jobs
 from app.db import session_scope
-from app.models import EpochMetric, Job
+from app.models import EpochMetric, Job, aware
 from app.schemas import FINISHED
 
 # How often a stream looks at the database (seconds): an epoch appears at most this late.
@@ -205,8 +205,7 @@ async def stream(job_id: str, last_id: int) -> AsyncIterator[str]:
 def _iso(value: datetime | None) -> str | None:
     if value is None:
         return None
-    # SQLite hands back naive datetimes; they are UTC.
-    return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
+    return aware(value).isoformat()
 
 
 def _finite(value):

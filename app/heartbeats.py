@@ -7,13 +7,13 @@ the source of truth, rather than broker messages (which may be duplicates or alr
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
-from app.models import Job, Worker, utcnow
+from app.models import Job, Worker, aware, utcnow
 from app.queue import queue_name
 
 HARDWARE = ("cpu", "gpu", "tpu")
@@ -30,8 +30,7 @@ def online_since() -> datetime:
 
 
 def is_online(worker: Worker, since: datetime) -> bool:
-    last_seen = worker.last_seen if worker.last_seen.tzinfo else worker.last_seen.replace(tzinfo=timezone.utc)
-    return last_seen >= since
+    return aware(worker.last_seen) >= since
 
 
 def recent_workers(session: Session) -> list[Worker]:

@@ -19,7 +19,7 @@ from app import limits, queue
 from app.config import get_settings
 from app.keys import Caller
 from app.models import Job, Worker, utcnow
-from app.schemas import FINISHED, JobSpec
+from app.schemas import JobSpec
 from app.schemas import Job as JobOut
 
 log = logging.getLogger(__name__)
@@ -206,8 +206,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def cancel_job(session: Session, job: Job) -> Job:
-    """A queued job is cancelled at once (it will never run); a running one is flagged and stops
-    at its next chunk of steps. Cancelling a cancelled job returns it unchanged.
+    """A queued job is cancelled at once (it will never run); a running one is flagged, and its
+    worker stops it after the step it is on (it looks every second or so, however slow the
+    steps: see the trainers' chunks). Cancelling a cancelled job returns it unchanged.
     Raises CannotCancel for a job that succeeded or failed."""
     # Two compare-and-sets: whichever state the row is in when each runs, exactly one applies,
     # even if a worker claims the job between them.

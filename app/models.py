@@ -20,6 +20,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def aware(moment: datetime) -> datetime:
+    """`moment` with its UTC zone: SQLite hands back naive datetimes (every stored one is UTC)."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
 def new_id() -> str:
     return str(uuid.uuid4())
 

@@ -103,6 +103,10 @@ class Comparison(BaseModel):
     table: list[ComparisonRow] | None
     parity: dict | None
     error: ComparisonError | None
+    overlap_s: float | None = Field(
+        None, description="Seconds both jobs were running at the same time (None until both started). "
+        "When they ran at once on one host they shared its memory bandwidth, and maybe its cores, "
+        "so their timings include that contention; 0 means they ran one after the other.")
 
 
 class Worker(BaseModel):

@@ -20,7 +20,7 @@ One run measures, on the same data and machine, in turns:
    steady rate; every accepted job must be stored and queued exactly once.
 
 It prints the tables and a PASS/FAIL line per target of issue 3, and writes bench/results.json.
-`--quick` runs every part at toy sizes (under a minute): a smoke test of the code, not a
+`--quick` runs every part at toy sizes (1-2 minutes): a smoke test of the code, not a
 measurement. `--only api` runs part 6 alone (the service started, no training jobs), for work on
 the API's throughput. The service parts use their own database and Redis db (see --database-url,
 --redis-url) and are skipped, saying why, when those are unreachable.

@@ -13,7 +13,7 @@ heartbeat thread; every step is a compare-and-set, so workers running it at once
 from __future__ import annotations
 
 import logging
-from datetime import timedelta, timezone
+from datetime import timedelta
 
 import redis
 from sqlalchemy import select, update
@@ -21,7 +21,7 @@ from sqlalchemy import select, update
 from app import jobs
 from app.config import get_settings
 from app.db import session_scope
-from app.models import Job, Worker, utcnow
+from app.models import Job, Worker, aware, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def requeue_lost_jobs() -> None:
         # (a stopped process, a paused VM) and has not beaten its heartbeat yet.
         lost = [job for job in running
                 if (job.worker or {}).get("name") not in alive
-                and (job.started_at is None or _aware(job.started_at) < since)]
+                and (job.started_at is None or aware(job.started_at) < since)]
         for job in lost:
             # Fenced by the attempt we saw: a worker that claims it meanwhile wins.
             fence = (Job.id == job.id, Job.status == "running", Job.attempts == job.attempts)
@@ -62,11 +62,6 @@ def requeue_lost_jobs() -> None:
                 session.execute(update(Job).where(*fence).values(status="queued", enqueued_at=None))
                 log.warning("job %s: worker %s lost; queued again", job.id, (job.worker or {}).get("name"))
         session.commit()
-
-
-def _aware(moment):
-    # SQLite hands back naive datetimes; all of them are UTC.
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def send_unsent_jobs() -> None:

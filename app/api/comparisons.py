@@ -38,6 +38,7 @@ def render(session: SessionDep, comparison: ComparisonRow, request: Request) -> 
         table=service.table(comparison) if state == "succeeded" else None,
         parity=comparison.parity,
         error=error,
+        overlap_s=service.overlap_s(comparison),
     )
 
 

@@ -87,7 +87,7 @@ def read_job(job_id: str, request: Request, session: SessionDep, user: CurrentUs
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses=responses(409))
 def cancel_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
-    """Cancel a job: a queued one never runs; a running one stops at its next chunk of steps
+    """Cancel a job: a queued one never runs; a running one stops after the step it is on
     and ends `cancelled` with the metrics of the epochs it finished. 409 if it already ended."""
     job = owned_job(session, user, job_id)
     try:

@@ -84,3 +84,21 @@ def test_the_compare_title_names_the_model():
     assert model_summary({"name": "mlp", "hidden_sizes": [256, 128]}) == "MLP [256, 128]"
     assert model_summary({"name": "cnn", "channels": [32, 64], "hidden_sizes": [128], "batch_norm": True}) == \
         "CNN conv [32, 64], dense [128], batch norm"
+
+
+def test_overlap_is_how_long_both_jobs_ran_at_once():
+    from datetime import datetime, timedelta, timezone
+
+    from app.comparisons import overlap_s
+    from app.models import Comparison
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    jax_job, torch_job = Job(started_at=None, finished_at=None), Job(started_at=t0, finished_at=t0 + timedelta(seconds=10))
+    comparison = Comparison(jax_job=jax_job, pytorch_job=torch_job)
+    assert overlap_s(comparison) is None  # one has not started
+    jax_job.started_at, jax_job.finished_at = t0 + timedelta(seconds=4), t0 + timedelta(seconds=30)
+    assert overlap_s(comparison) == 6.0  # 4 s .. 10 s
+    jax_job.started_at = t0 + timedelta(seconds=12)
+    assert overlap_s(comparison) == 0.0  # one after the other
+    jax_job.started_at = (t0 - timedelta(seconds=1)).replace(tzinfo=None)  # as SQLite hands it back
+    assert overlap_s(comparison) == 10.0

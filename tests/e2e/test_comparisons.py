@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime
 
 import pytest
 
@@ -27,6 +28,11 @@ def test_comparison_on_digits_passes_parity_and_fills_the_table(service):
     assert rows["steady_epoch_s"]["ratio"] == pytest.approx(
         rows["steady_epoch_s"]["jax"] / rows["steady_epoch_s"]["pytorch"])
     assert rows["test_accuracy"]["jax"] == comparison["jobs"]["jax"]["result"]["test_accuracy"]
+    # How long both ran at once, from the jobs' own clocks: their timings are honest about it.
+    jax_job, torch_job = comparison["jobs"]["jax"], comparison["jobs"]["pytorch"]
+    start = max(datetime.fromisoformat(jax_job["started_at"]), datetime.fromisoformat(torch_job["started_at"]))
+    end = min(datetime.fromisoformat(jax_job["finished_at"]), datetime.fromisoformat(torch_job["finished_at"]))
+    assert comparison["overlap_s"] == pytest.approx(max(0.0, (end - start).total_seconds()), abs=1e-3)
 
 
 def test_cli_compare_prints_the_side_by_side_table(service):

@@ -79,6 +79,25 @@ def test_cancel_running_job_keeps_its_finished_epochs(service):
     assert job["finished_at"] is not None
 
 
+def test_cli_cancel_stops_a_job_of_slow_steps_within_its_first_epoch(service):
+    # Wide convolutions: each step takes about a second here, an epoch 20 of them. The worker
+    # checks for a cancel between steps, not only between whole chunks of 20.
+    spec = {"framework": "jax", "dataset": {"name": "fashion-mnist", "train_limit": 2560, "test_limit": 256},
+            "model": {"name": "cnn", "channels": [256, 256]}, "epochs": 1, "batch_size": 128}
+    key = service.new_key("cancel")
+    with service.client(key) as client:
+        job = client.submit(spec)
+        wait_for(lambda: client.get(job["id"])["status"] == "running", 120, "the job to start")
+    cancelled = run_cli(service, "cancel", job["id"][:8], "--wait", key=key)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.split() == ["cancelled"]
+    with service.client(key) as client:
+        job = client.get(job["id"])
+    assert job["status"] == "cancelled" and job["metrics"] == []  # stopped inside epoch 1
+    again = run_cli(service, "cancel", job["id"], key=key)  # idempotent, as the API is
+    assert again.returncode == 0 and again.stdout.split() == ["cancelled"]
+
+
 def test_duplicate_delivery_does_not_run_a_job_twice(service):
     from app.config import Settings
     from app.queue import RUN_JOB_TASK, make_celery

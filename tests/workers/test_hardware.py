@@ -32,12 +32,28 @@ class Spy(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Spy())
 from workers.celery_app import celery
 assert not {"jax", "torch"} & set(sys.modules), "importing the Celery app imported a framework"
-worker_argv = []
-celery.worker_main = worker_argv.extend  # the worker loop itself is not under test here
+worker_argv, rows = [], {}
+
+def heartbeat_rows():
+    from sqlalchemy import select
+    from app.db import session_scope
+    from app.models import Worker
+    with session_scope() as session:
+        return [{"name": w.name, "hostname": w.hostname, "hardware": w.hardware, "queues": w.queues,
+                 "devices": w.devices, "versions": sorted(w.versions), "current_job_id": w.current_job_id}
+                for w in session.scalars(select(Worker).where(Worker.name.endswith(f":{os.getpid()}")))]
+
+def worker_loop(argv):  # the worker loop itself is not under test here: what it would run with is
+    worker_argv.extend(argv)
+    rows["while_serving"] = heartbeat_rows()
+
+celery.worker_main = worker_loop
 from workers.__main__ import main
 
 rc = main(sys.argv[1:])
-print("RESULT " + json.dumps({"rc": rc, "seen": seen, "worker_argv": worker_argv,
+if worker_argv:
+    rows["after_stopping"] = heartbeat_rows()
+print("RESULT " + json.dumps({"rc": rc, "seen": seen, "worker_argv": worker_argv, "heartbeat_rows": rows,
                               "prefetch": celery.conf.worker_prefetch_multiplier,
                               "acks_late": celery.conf.task_acks_late}))
 """
@@ -60,11 +76,6 @@ def run_worker(args: list[str], env: dict[str, str] | None = None) -> tuple[dict
 
 
 def test_cpu_worker_is_pinned_before_import_and_registers_what_it_serves(services_env):
-    from sqlalchemy import delete, select
-
-    from app.db import session_scope
-    from app.models import Worker
-
     result, done = run_worker(["--hardware", "cpu", "--devices", "0"], services_env)
     assert result["rc"] == 0, done.stderr[-3000:]
     for framework in ("jax", "torch"):
@@ -78,16 +89,13 @@ def test_cpu_worker_is_pinned_before_import_and_registers_what_it_serves(service
     assert "--pool=solo" in argv and "--concurrency=1" in argv
     assert "--queues=cpu.jax,cpu.pytorch" in argv
     assert result["prefetch"] == 1 and result["acks_late"] is True
-    # the heartbeat row says who it is and what it serves
+    # the heartbeat row says who it is and what it serves; stopping deletes it
     name = next(line.split()[2] for line in done.stdout.splitlines() if line.startswith("trainhub worker "))
-    with session_scope() as session:
-        row = session.scalars(select(Worker).where(Worker.name == name)).one()
-        assert row.hardware == "cpu" and row.queues == ["cpu.jax", "cpu.pytorch"]
-        assert row.devices == ["cpu:0"] and set(row.versions) == {"jax", "pytorch"}
-        assert row.hostname == name.rsplit(":", 1)[0] and row.current_job_id is None
-        # gone: it must not count as an online cpu worker for the tests after this one
-        session.execute(delete(Worker).where(Worker.name == name))
-        session.commit()
+    [row] = result["heartbeat_rows"]["while_serving"]
+    assert row["name"] == name and row["hardware"] == "cpu" and row["queues"] == ["cpu.jax", "cpu.pytorch"]
+    assert row["devices"] == ["cpu:0"] and row["versions"] == ["jax", "pytorch"]
+    assert row["hostname"] == name.rsplit(":", 1)[0] and row["current_job_id"] is None
+    assert result["heartbeat_rows"]["after_stopping"] == []
 
 
 @pytest.mark.skipif(HAS_GPU, reason="this host has a GPU")
@@ -130,21 +138,13 @@ def test_trainhub_worker_gpu_exits_nonzero_on_a_host_without_one():
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_a_cpu_worker_counted_as_two_devices_serves_the_two_device_queues(services_env):
-    from sqlalchemy import delete, select
-
-    from app.db import session_scope
-    from app.models import Worker
-
     result, done = run_worker(["--hardware", "cpu", "--devices", "0,1", "--cpu-devices", "2"], services_env)
     assert result["rc"] == 0, done.stderr[-3000:]
     assert result["seen"]["jax"]["env"]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
     assert "--queues=cpu.jax,cpu.jax.x2,cpu.pytorch,cpu.pytorch.x2" in result["worker_argv"]
-    name = next(line.split()[2] for line in done.stdout.splitlines() if line.startswith("trainhub worker "))
-    with session_scope() as session:
-        row = session.scalars(select(Worker).where(Worker.name == name)).one()
-        assert row.devices == ["cpu:0", "cpu:1"]
-        session.execute(delete(Worker).where(Worker.name == name))
-        session.commit()
+    [row] = result["heartbeat_rows"]["while_serving"]
+    assert row["devices"] == ["cpu:0", "cpu:1"]
+    assert result["heartbeat_rows"]["after_stopping"] == []
 
 
 def test_a_worker_asked_for_more_cpu_devices_than_cores_exits_2_saying_so():

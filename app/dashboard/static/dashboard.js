@@ -542,6 +542,9 @@
         h("th", {}, row.metric), h("td", {class: "num"}, number(row.pytorch)), h("td", {class: "num"}, number(row.jax)),
         h("td", {class: "num"}, number(row.ratio, 3)))));
       $("side-by-side-note").hidden = rows.length > 0;
+      $("overlap-note").hidden = !comparison.overlap_s;
+      $("overlap-note").textContent = comparison.overlap_s ? `The two jobs ran at the same time for ${number(comparison.overlap_s, 3)} s: ` +
+        "on one host, their timings include that contention." : "";
       return !FINISHED.includes(comparison.status);
     });
   }

@@ -231,7 +231,7 @@ def call(fn, *args, **kwargs):
 
 @cli.command()
 def submit(
-    framework: Annotated[str, typer.Option(help="jax or pytorch")] = "jax",
+    framework: Annotated[Optional[str], typer.Option(help="jax or pytorch (default jax)")] = None,
     hardware: str = "cpu",
     dataset: Annotated[str, typer.Option(help="fashion-mnist, mnist, digits or synthetic")] = "fashion-mnist",
     epochs: int = 10,
@@ -251,7 +251,7 @@ def submit(
     spec = spec_from_options(spec_file, hardware=hardware, dataset=dataset, epochs=epochs, batch_size=batch_size,
                              learning_rate=learning_rate, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
                              train_limit=train_limit, test_limit=test_limit, name=name)
-    spec["framework"] = framework
+    spec.setdefault("framework", framework or "jax")  # a --spec file's own framework wins, as its other fields do
     with client_from_settings() as client:
         job = call(client.submit, spec)
         if wait:
@@ -362,7 +362,7 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
                           f"{f' x{devices} devices' if devices > 1 else ''}, {spec['dataset']['name']}, "
                           f"{spec['epochs']} epochs, batch {spec['batch_size']}")
     table.add_row("progress", f"epoch {job['progress']['epoch']} of {job['progress']['epochs']}")
-    if worker := job["worker"]:
+    if (worker := job["worker"]) and job["status"] != "queued":  # (a released job's is its last attempt's)
         table.add_row("worker", f"{worker['name']} on {', '.join(worker.get('devices', [])) or worker['hardware']}")
     if job["result"]:
         table.add_row("result", ", ".join(f"{k} {v:.4f}" for k, v in job["result"].items()))

@@ -20,10 +20,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def _segment(value: str) -> str:
+    """`value` as one path segment: an id such as "a/../b" or "x?y" names no other route."""
+    return quote(value, safe="")
 
 
 class ApiError(Exception):
@@ -110,14 +116,14 @@ class TrainhubClient:
 
     def get(self, job_id: str) -> dict:
         """GET /jobs/{id}."""
-        return self._request("GET", f"/jobs/{job_id}")
+        return self._request("GET", f"/jobs/{_segment(job_id)}")
 
     def list(self, **filters) -> dict:
         """GET /jobs with filters status, framework, hardware, limit, cursor."""
         return self._request("GET", "/jobs", params={k: v for k, v in filters.items() if v is not None})
 
     def cancel(self, job_id: str) -> dict:
-        return self._request("POST", f"/jobs/{job_id}/cancel")
+        return self._request("POST", f"/jobs/{_segment(job_id)}/cancel")
 
     def wait(
         self, job_id: str, poll_s: float = 0.5, timeout_s: float | None = None,
@@ -131,7 +137,7 @@ class TrainhubClient:
         return self._request("POST", "/comparisons", json=spec)
 
     def get_comparison(self, comparison_id: str) -> dict:
-        return self._request("GET", f"/comparisons/{comparison_id}")
+        return self._request("GET", f"/comparisons/{_segment(comparison_id)}")
 
     def wait_comparison(
         self, comparison_id: str, poll_s: float = 0.5, timeout_s: float | None = None,
@@ -170,7 +176,8 @@ class TrainhubClient:
             try:
                 # The server writes at least every 15 s (a keepalive comment) while the job lives.
                 timeout = httpx.Timeout(self.timeout_s, read=max(self.timeout_s, 60.0))
-                with self.http.stream("GET", f"/jobs/{job_id}/events", headers=headers, timeout=timeout) as response:
+                url = f"/jobs/{_segment(job_id)}/events"
+                with self.http.stream("GET", url, headers=headers, timeout=timeout) as response:
                     _raise_for_status(response)
                     for event in parse_sse(response.iter_lines()):
                         failures = 0
@@ -197,7 +204,7 @@ class TrainhubClient:
         return response.text
 
     def artifacts(self, job_id: str) -> list[dict]:
-        return self._request("GET", f"/jobs/{job_id}/artifacts")
+        return self._request("GET", f"/jobs/{_segment(job_id)}/artifacts")
 
     def download(
         self, job_id: str, name: str, dest_dir: Path, on_progress: Callable[[int, int], None] | None = None,
@@ -215,7 +222,7 @@ class TrainhubClient:
         partial = path.with_name(path.name + ".part")
         digest, done, total = hashlib.sha256(), 0, listed[name]["size_bytes"]
         try:
-            with self.http.stream("GET", f"/jobs/{job_id}/artifacts/{name}") as response:
+            with self.http.stream("GET", f"/jobs/{_segment(job_id)}/artifacts/{_segment(name)}") as response:
                 _raise_for_status(response)
                 with open(partial, "wb") as f:
                     for chunk in response.iter_bytes(1 << 20):

@@ -38,9 +38,8 @@ def create_comparison(session: Session, owner: Caller, spec: ComparisonSpec) -> 
 
 
 def get_comparison(session: Session, owner: Caller, comparison_id: str) -> Comparison | None:
-    full_id = jobs.canonical_id(comparison_id)
-    comparison = session.get(Comparison, full_id) if full_id is not None else None
-    return comparison if comparison is not None and (comparison.owner_id == owner.id or owner.is_admin) else None
+    """The owner's comparison (any for an admin key) by id or short id, as jobs.find_owned; else None."""
+    return jobs.find_owned(session, owner, Comparison, comparison_id)
 
 
 def list_comparisons(session: Session, owner: Caller, limit: int) -> list[Comparison]:

@@ -143,21 +143,25 @@ def get_job(session: Session, owner: Caller, job_id: str) -> Job | None:
 
     `job_id` is the id in any case, with or without hyphens, or its first 8 or more characters
     (as the CLI and dashboard show them) when exactly one of the owner's jobs starts with them."""
-    if (full_id := canonical_id(job_id)) is None:
-        return _by_prefix(session, owner, job_id.lower())
-    job = session.get(Job, full_id, options=_ON_FIRST_USE)
-    return job if job is not None and (job.owner_id == owner.id or owner.is_admin) else None
+    return find_owned(session, owner, Job, job_id, _ON_FIRST_USE)
 
 
 ID_PREFIX = re.compile(r"[0-9a-f]{8}[0-9a-f-]{0,27}")
 
 
-def _by_prefix(session: Session, owner: Caller, prefix: str) -> Job | None:
+def find_owned(session: Session, owner: Caller, model, ident: str, options=()):
+    """The row of `model` (Job, Comparison) that `ident` names and `owner` may see, or None.
+    `ident` is its id in any UUID spelling, or the first 8 or more characters of one (any case)
+    when exactly one of the owner's rows starts with them."""
+    if (full_id := canonical_id(ident)) is not None:
+        row = session.get(model, full_id, options=options)
+        return row if row is not None and (row.owner_id == owner.id or owner.is_admin) else None
+    prefix = ident.lower()
     if not ID_PREFIX.fullmatch(prefix):
         return None
-    query = select(Job).where(Job.id.startswith(prefix, autoescape=True)).options(*_ON_FIRST_USE).limit(2)
+    query = select(model).where(model.id.startswith(prefix, autoescape=True)).options(*options).limit(2)
     if not owner.is_admin:
-        query = query.where(Job.owner_id == owner.id)
+        query = query.where(model.owner_id == owner.id)
     found = list(session.scalars(query))
     return found[0] if len(found) == 1 else None
 

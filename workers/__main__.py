@@ -93,18 +93,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stop_once_celery_is_ready() -> threading.Event:
-    """Until Celery installs its signal handlers, a SIGTERM is remembered (and the returned event
-    set) rather than fatal; once the worker is ready it is sent again, to Celery's handler: a warm
-    shutdown, so the worker leaves the fleet through main's `finally` whenever it was stopped."""
+    """Until Celery installs its signal handlers, a SIGTERM or SIGINT (Ctrl-C) is remembered (and
+    the returned event set) rather than fatal, or lost in whatever code it lands in; once the
+    worker is ready it is sent again, to Celery's handler: a warm shutdown, so the worker leaves
+    the fleet through main's `finally` whenever it was stopped."""
     from celery.signals import worker_ready
 
-    asked = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: asked.set())
+    asked, received = threading.Event(), []
+
+    def remember(signum, _frame) -> None:
+        received.append(signum)
+        asked.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, remember)
 
     @worker_ready.connect(weak=False)
     def _stop_if_asked(**_) -> None:
-        if asked.is_set():
-            os.kill(os.getpid(), signal.SIGTERM)
+        if received:
+            os.kill(os.getpid(), received[0])
 
     return asked
 

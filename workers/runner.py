@@ -15,7 +15,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.exc import IntegrityError
 
 import trainers
@@ -187,18 +187,24 @@ def sha256_file(path: Path) -> str:
 
 def release(job_id: str, attempt: int) -> str:
     """Put a job this worker stops on shutdown back in its queue; the attempt does not count, and
-    the next one resumes from the last checkpoint."""
+    the next one resumes from the last checkpoint. A job whose cancel came meanwhile ends
+    `cancelled` instead (its finished epochs stay): one statement decides, so a cancel is never
+    lost between the two."""
+    cancelled = Job.cancel_requested.is_(True)
     with session_scope() as session:
-        released = session.execute(
+        status = session.execute(
             update(Job)
             .where(Job.id == job_id, Job.status == "running", Job.attempts == attempt)
-            .values(status="queued", attempts=Job.attempts - 1, enqueued_at=None)
-        ).rowcount
+            .values(status=case((cancelled, "cancelled"), else_="queued"),
+                    attempts=case((cancelled, Job.attempts), else_=Job.attempts - 1),
+                    finished_at=case((cancelled, utcnow()), else_=None), enqueued_at=None)
+            .returning(Job.status)
+        ).scalar()
         session.commit()
-        if released:
+        if status == "queued":
             jobs.enqueue(session, session.get(Job, job_id))  # broker away: the reconciler sends it later
-    log.info("job %s released on shutdown", job_id)
-    return "queued"
+    log.info("job %s %s on shutdown", job_id, "released" if status == "queued" else status)
+    return status or "queued"
 
 
 def finish(job_id: str, attempt: int, status: str, **values) -> str:

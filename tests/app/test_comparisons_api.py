@@ -59,8 +59,12 @@ def test_one_side_failing_fails_the_comparison_with_its_error(api, auth):
 
 def test_comparisons_are_private(api, auth, make_key):
     comparison = api.post("/comparisons", json=SPEC, headers=auth).json()
+    short = comparison["id"][:8]  # as the dashboard lists them
+    for spelling in (short, short.upper(), comparison["id"].upper()):
+        assert api.get(f"/comparisons/{spelling}", headers=auth).json()["id"] == comparison["id"], spelling
     other = {"Authorization": f"Bearer {make_key('other')}"}
     assert api.get(f"/comparisons/{comparison['id']}", headers=other).status_code == 404
+    assert api.get(f"/comparisons/{short}", headers=other).status_code == 404
     assert api.post(f"/comparisons/{comparison['id']}/cancel", headers=other).status_code == 404
     assert api.get("/comparisons", headers=other).json() == []
 

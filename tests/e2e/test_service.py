@@ -166,6 +166,11 @@ def test_cli_submit_wait_status_and_download(service, tmp_path):
     assert table.returncode == 0, table.stderr
     worker = json.loads(status.stdout)["worker"]
     assert f"{worker['name']} on {worker['devices'][0]}" in " ".join(table.stdout.split())
+    # A --spec file's framework is the one submitted (the --framework default does not replace it).
+    spec_file = tmp_path.parent / "spec.json"
+    spec_file.write_text(json.dumps({"framework": "pytorch", "dataset": {"name": "digits"}, "epochs": 1}))
+    from_file = run_cli(service, "submit", "--spec", str(spec_file), "--json", key=key)
+    assert json.loads(from_file.stdout)["spec"]["framework"] == "pytorch", from_file.stderr
     downloaded = run_cli(service, "download", job_id, "-o", str(tmp_path), key=key)
     assert downloaded.returncode == 0, downloaded.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "spec.json", "state_dict.pt",

@@ -37,3 +37,24 @@ def test_a_trainer_without_the_backend_fails_the_job_instead_of_using_the_cpu(ap
     assert after["status"] == "failed" and after["error"]["type"] == "hardware_mismatch"
     assert "'gpu'" in after["error"]["message"] and "cpu" in after["error"]["message"]
     assert after["metrics"] == [] and after["artifacts"] == []
+
+
+def test_a_worker_shutting_down_requeues_its_job_unless_it_was_cancelled(api, auth, redis_url):
+    from workers import runner
+
+    broker = redis.Redis.from_url(redis_url)
+    worker = {"name": "test:2", "hostname": "test", "hardware": "cpu", "devices": ["cpu:0"], "versions": {}}
+    spec = {"framework": "jax", "dataset": {"name": "digits"}, "epochs": 1}
+    kept, cancelled = (api.post("/jobs", json={**spec, "seed": s}, headers=auth).json()["id"] for s in (1, 2))
+    for job_id in (kept, cancelled):
+        assert runner.claim(job_id, worker) is not None  # running, attempt 1
+    # A cancel that comes while the worker shuts down (the job is still running): 202, flagged.
+    assert api.post(f"/jobs/{cancelled}/cancel", headers=auth).json()["status"] == "running"
+    queued_before = broker.llen("cpu.jax")
+
+    assert runner.release(kept, 1) == "queued"
+    assert runner.release(cancelled, 1) == "cancelled"
+    kept_job, cancelled_job = (api.get(f"/jobs/{j}", headers=auth).json() for j in (kept, cancelled))
+    assert kept_job["status"] == "queued" and kept_job["attempts"] == 0  # to resume elsewhere
+    assert cancelled_job["status"] == "cancelled" and cancelled_job["finished_at"] is not None
+    assert broker.llen("cpu.jax") == queued_before + 1  # only the kept job is sent again

@@ -123,8 +123,12 @@ def load_weights(path: Path, dropout: float = 0.0, in_features: int | None = Non
     return from_weights(read_weights(path), dropout, in_features).eval()
 
 
+EVAL_BATCH = 1000  # examples evaluated at once, as trainers.jax_models.EVAL_BATCH
+
+
 def evaluate(model: MLP, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray) -> tuple[float, float]:
-    """(mean cross-entropy in nats, accuracy in [0, 1]) of `model` over the whole of x [N, D], y [N].
+    """(mean cross-entropy in nats, accuracy in [0, 1]) of `model` over the whole of x [N, D], y [N],
+    EVAL_BATCH examples at a time.
 
     Runs in eval mode (no dropout) under torch.no_grad() on the model's device; leaves the model
     in eval mode.
@@ -133,11 +137,15 @@ def evaluate(model: MLP, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndar
     x = _tensor(x).to(device, torch.float32)
     y = _tensor(y).to(device, torch.int64)
     model.eval()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
     with torch.no_grad():
-        logits = model(x)
-        loss = F.cross_entropy(logits, y)
-        accuracy = (logits.argmax(dim=1) == y).float().mean()
-    return float(loss), float(accuracy)
+        for first in range(0, len(x), EVAL_BATCH):  # the whole set at once would hold every example's activations
+            logits = model(x[first:first + EVAL_BATCH])
+            yb = y[first:first + EVAL_BATCH]
+            loss_sum += F.cross_entropy(logits, yb, reduction="sum")
+            correct += (logits.argmax(dim=1) == yb).sum()
+    return float(loss_sum) / len(x), float(correct) / len(x)
 
 
 def _tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -210,3 +210,23 @@ def test_jax_persistent_compilation_cache(tmp_path):
     env = {**os.environ, "TRAINHUB_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parents[2])
     assert any(name.startswith("jit_train_chunk") for name in os.listdir(tmp_path / "cache"))
+
+
+def test_evaluation_in_batches_matches_the_whole_set_at_once(digits_runs, monkeypatch):
+    # The test set is evaluated EVAL_BATCH examples at a time (a wide CNN cannot hold the
+    # activations of 10,000 at once): a batch size that leaves a ragged last batch changes nothing.
+    from trainers import jax_models, torch_models
+
+    digits = load_dataset(DatasetSpec(name="digits"))  # 360 test examples
+    model, params = jax_models.load_weights(digits_runs["jax"].workdir / "weights.safetensors")
+    torch_model = torch_models.load_weights(digits_runs["pytorch"].workdir / "weights.safetensors")
+    whole = jax_models.evaluate(model, params, digits.x_test, digits.y_test)
+    torch_whole = torch_models.evaluate(torch_model, digits.x_test, digits.y_test)
+    assert whole[1] == pytest.approx(digits_runs["jax"].result.result["test_accuracy"], abs=1e-6)
+    assert torch_whole[1] == pytest.approx(digits_runs["pytorch"].result.result["test_accuracy"], abs=1e-6)
+    monkeypatch.setattr(jax_models, "EVAL_BATCH", 7)
+    monkeypatch.setattr(torch_models, "EVAL_BATCH", 7)
+    # (not jitted: a jitted evaluate could reuse the program traced with the first batch size)
+    batched = jax_models.eval_metrics(model, params, digits.x_test, digits.y_test)
+    assert [float(v) for v in batched] == pytest.approx(whole, rel=1e-5)
+    assert torch_models.evaluate(torch_model, digits.x_test, digits.y_test) == pytest.approx(torch_whole, rel=1e-5)

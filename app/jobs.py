@@ -10,7 +10,7 @@ import time
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
@@ -214,12 +214,16 @@ def cancel_job(session: Session, job: Job) -> Job:
     worker stops it after the step it is on (it looks every second or so, however slow the
     steps: see the trainers' chunks). Cancelling a cancelled job returns it unchanged.
     Raises CannotCancel for a job that succeeded or failed."""
-    # Two compare-and-sets: whichever state the row is in when each runs, exactly one applies,
-    # even if a worker claims the job between them.
+    # One compare-and-set whatever the row's state: a worker that claims the job, or releases it
+    # on shutdown, between two statements would make both miss. (PostgreSQL re-checks the WHERE
+    # against a row that changed while the UPDATE waited for it.)
+    queued = Job.status == "queued"
     session.execute(
-        update(Job).where(Job.id == job.id, Job.status == "queued").values(status="cancelled", finished_at=utcnow())
+        update(Job).where(Job.id == job.id, Job.status.in_(("queued", "running"))).values(
+            status=case((queued, "cancelled"), else_=Job.status),
+            finished_at=case((queued, utcnow()), else_=Job.finished_at),
+            cancel_requested=case((queued, Job.cancel_requested), else_=True))
     )
-    session.execute(update(Job).where(Job.id == job.id, Job.status == "running").values(cancel_requested=True))
     session.commit()
     session.refresh(job)
     if job.status in ("succeeded", "failed"):

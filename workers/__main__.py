@@ -38,6 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    stop_when_ready = stop_once_celery_is_ready()  # first: importing a framework takes seconds
     try:
         pin(args.hardware, args.devices, args.cpu_devices)  # before jax or torch is imported anywhere
     except ValueError as exc:
@@ -73,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     from workers.reconciler import reconcile
 
     migrate()
-    stop_when_ready = stop_once_celery_is_ready()
     identity, heartbeat = register(caps), None
     try:
         heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile)

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 from workers.hardware import FRAMEWORKS, detect, pin
 
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile)
         print(f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}",
               flush=True)
-        if stop_when_ready.is_set():
+        if stop_when_ready:  # stopped while starting
             return 0
         celery.worker_main([
             "worker", "--pool=solo", "--concurrency=1", f"--queues={','.join(caps.queues)}",
@@ -92,28 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def stop_once_celery_is_ready() -> threading.Event:
-    """Until Celery installs its signal handlers, a SIGTERM or SIGINT (Ctrl-C) is remembered (and
-    the returned event set) rather than fatal, or lost in whatever code it lands in; once the
-    worker is ready it is sent again, to Celery's handler: a warm shutdown, so the worker leaves
-    the fleet through main's `finally` whenever it was stopped."""
+def stop_once_celery_is_ready() -> list[int]:
+    """Until Celery installs its signal handlers, a SIGTERM or SIGINT (Ctrl-C) is remembered (in
+    the returned list) rather than fatal, or lost in whatever code it lands in; once the worker
+    is ready it is sent again, to Celery's handler: a warm shutdown, so the worker leaves the
+    fleet through main's `finally` whenever it was stopped."""
     from celery.signals import worker_ready
 
-    asked, received = threading.Event(), []
-
-    def remember(signum, _frame) -> None:
-        received.append(signum)
-        asked.set()
-
+    received: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, remember)
+        signal.signal(signum, lambda signum, _frame: received.append(signum))
 
     @worker_ready.connect(weak=False)
     def _stop_if_asked(**_) -> None:
         if received:
             os.kill(os.getpid(), received[0])
 
-    return asked
+    return received
 
 
 if __name__ == "__main__":

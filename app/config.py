@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     # running job whose worker has been silent longer is handed to another worker.
     worker_timeout_s: float = Field(30.0, gt=0)
     heartbeat_s: float = Field(5.0, gt=0)
+    # A worker retries its writes of a job this long through a database outage or restart
+    # (seconds); the job waits meanwhile, and is requeued by the reconciler if it never lands.
+    db_retry_s: float = Field(90.0, ge=0)
     # A job whose worker was lost this many times ends failed with error.type "worker_lost".
     max_attempts: int = Field(3, ge=1)
     # Redis hands an unacknowledged message to another worker after this long; it must be

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from functools import lru_cache
@@ -16,14 +17,21 @@ from app.config import get_settings
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
+def strict_json(value: object) -> str:
+    """JSON for a JSON column: NaN and infinity raise ValueError instead of being written as the
+    non-JSON tokens `NaN`/`Infinity`, which PostgreSQL refuses (and other readers choke on)."""
+    return json.dumps(value, allow_nan=False)
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for `url`. SQLite gets WAL and a busy timeout: the API and a worker write to it
-    from separate processes."""
+    """An engine for `url`; JSON columns are written as strict JSON (strict_json). SQLite gets WAL
+    and a busy timeout: the API and a worker write to it from separate processes."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                               json_serializer=strict_json)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -35,7 +43,7 @@ def make_engine(url: str) -> Engine:
         return engine
     settings = get_settings()
     engine = create_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow,
-                           pool_timeout=settings.db_pool_timeout_s)
+                           pool_timeout=settings.db_pool_timeout_s, json_serializer=strict_json)
     ping_when_idle(engine)
     return engine
 
@@ -120,3 +128,36 @@ def migrate(url: str | None = None) -> None:
             connection.exec_driver_sql("SELECT pg_advisory_xact_lock(727274)")
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+
+
+# Errors that a retry can outlast: the server restarting or unreachable, a connection it
+# dropped, no free pooled connection. Anything else (a constraint, bad SQL) fails at once.
+_TRANSIENT = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, exc.DisconnectionError)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether `error` is one a retry of the same statement can outlast (an outage, a restart)."""
+    if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, _TRANSIENT)
+
+
+def retrying(operation, deadline_s: float | None = None, first_wait_s: float = 0.2, max_wait_s: float = 5.0):
+    """`operation()`, called again while it fails with a transient database error, for up to
+    `deadline_s` seconds (Settings.db_retry_s: a restart or short outage), waiting twice as long
+    each time; its last error is raised after that. Each call must open its own session, so a
+    retry starts a fresh transaction on a fresh connection."""
+    import logging
+
+    deadline = time.monotonic() + (get_settings().db_retry_s if deadline_s is None else deadline_s)
+    wait = first_wait_s
+    while True:
+        try:
+            return operation()
+        except Exception as error:
+            if not is_transient(error) or time.monotonic() + wait > deadline:
+                raise
+            logging.getLogger(__name__).warning("database unavailable (%s); retrying in %.1f s",
+                                                type(error).__name__, wait)
+        time.sleep(wait)
+        wait = min(max_wait_s, wait * 2)

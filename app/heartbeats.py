@@ -30,7 +30,8 @@ def online_since() -> datetime:
 
 
 def is_online(worker: Worker, since: datetime) -> bool:
-    return aware(worker.last_seen) >= since
+    """Whether the worker can take work: a recent heartbeat, and its broker reachable."""
+    return aware(worker.last_seen) >= since and worker.broker_ok
 
 
 def recent_workers(session: Session) -> list[Worker]:
@@ -40,7 +41,7 @@ def recent_workers(session: Session) -> list[Worker]:
 
 
 def online_workers(session: Session) -> list[Worker]:
-    return list(session.scalars(select(Worker).where(Worker.last_seen >= online_since())))
+    return list(session.scalars(select(Worker).where(Worker.last_seen >= online_since(), Worker.broker_ok)))
 
 
 def queue_depths(session: Session) -> dict[str, int]:

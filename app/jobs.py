@@ -10,14 +10,15 @@ import time
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, case, func, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import limits, queue
+from app import lifecycle, limits, queue
 from app.config import get_settings
 from app.keys import Caller
+from app.lifecycle import JobStatus
 from app.models import Job, Worker, utcnow
 from app.schemas import JobSpec
 from app.schemas import Job as JobOut
@@ -74,7 +75,7 @@ def new_job(owner: Caller, spec: JobSpec, idempotency_key: str | None = None) ->
     """A queued job row for `spec`, not yet added to a session."""
     return Job(
         owner_id=owner.id,
-        status="queued",
+        status=JobStatus.QUEUED,
         framework=spec.framework,
         hardware=spec.hardware,
         devices=spec.devices,
@@ -214,24 +215,15 @@ def cancel_job(session: Session, job: Job) -> Job:
     worker stops it after the step it is on (it looks every second or so, however slow the
     steps: see the trainers' chunks). Cancelling a cancelled job returns it unchanged.
     Raises CannotCancel for a job that succeeded or failed."""
-    # One compare-and-set whatever the row's state: a worker that claims the job, or releases it
-    # on shutdown, between two statements would make both miss. (PostgreSQL re-checks the WHERE
-    # against a row that changed while the UPDATE waited for it.)
-    queued = Job.status == "queued"
-    session.execute(
-        update(Job).where(Job.id == job.id, Job.status.in_(("queued", "running"))).values(
-            status=case((queued, "cancelled"), else_=Job.status),
-            finished_at=case((queued, utcnow()), else_=Job.finished_at),
-            cancel_requested=case((queued, Job.cancel_requested), else_=True))
-    )
-    session.commit()
+    lifecycle.cancel(session, job.id)
     session.refresh(job)
-    if job.status in ("succeeded", "failed"):
+    if job.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
         raise CannotCancel(job.status)
     return job
 
 
-_QUEUES_SEEN_SINCE = select(Worker.queues).where(Worker.last_seen >= bindparam("since"))
+# Workers that can take work: a recent heartbeat, and their broker reachable.
+_QUEUES_SEEN_SINCE = select(Worker.queues).where(Worker.last_seen >= bindparam("since"), Worker.broker_ok)
 
 
 # Every poll of a queued job asks which queues have a live worker; that changes at heartbeat
@@ -260,7 +252,7 @@ def forget_online_queues() -> None:
 def waiting_reason(session: Session, job: Job, served: set[str], position: int | None = None) -> str | None:
     """Why a queued job has not started yet; None for a job that is not queued. `position`: its
     queue_position when the caller has it already (counted here otherwise)."""
-    if job.status != "queued":
+    if job.status != JobStatus.QUEUED:
         return None
     if job.queue not in served:
         if job.devices > 1:
@@ -284,7 +276,7 @@ _jobs = Job.__table__.c
 # Built once (every GET of a queued job runs it): the queued jobs of the same queue created
 # before this one; at the same instant, the id breaks the tie, as in the job list.
 _QUEUED_AHEAD = select(func.count()).select_from(Job.__table__).where(
-    _jobs.status == "queued", _jobs.hardware == bindparam("hardware"), _jobs.framework == bindparam("framework"),
+    _jobs.status == JobStatus.QUEUED.value, _jobs.hardware == bindparam("hardware"), _jobs.framework == bindparam("framework"),
     _jobs.devices == bindparam("devices"),
     or_(_jobs.created_at < bindparam("created_at"),
         and_(_jobs.created_at == bindparam("created_at"), _jobs.id < bindparam("id"))),
@@ -295,7 +287,7 @@ def queue_position(session: Session, job: Job) -> int | None:
     """1 for the next queued job of its queue (`<hardware>.<framework>[.x<devices>]`), 2 for the one after...;
     None for a job that is not queued. Counted from the jobs table (everyone's), oldest first:
     the broker may hold duplicate or stale messages, the rows do not."""
-    if job.status != "queued":
+    if job.status != JobStatus.QUEUED:
         return None
     ahead = session.scalar(_QUEUED_AHEAD, {
         "hardware": job.hardware, "framework": job.framework, "devices": job.devices,
@@ -309,7 +301,7 @@ def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None
     """Render a row as the HTTP Job; `base_url` prefixes artifact URLs. `served` (online_queues)
     and `position` (queue_position): when the caller has them already (read here otherwise)."""
     if served is None:
-        served = online_queues(session) if job.status == "queued" else set()
+        served = online_queues(session) if job.status == JobStatus.QUEUED else set()
     url = base_url.rstrip("/")
     if position is None:
         position = queue_position(session, job)

@@ -143,13 +143,17 @@ class Worker(Base):
 
     __tablename__ = "workers"
 
-    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # hostname:pid
+    # hostname:pid:instance; the instance (random, per process start) keeps a restarted worker
+    # with the same pid (PID 1 in a container) apart from its dead predecessor.
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
     hostname: Mapped[str] = mapped_column(String(200))
     hardware: Mapped[str] = mapped_column(String(16))
     queues: Mapped[list] = mapped_column(JSON)
     devices: Mapped[list] = mapped_column(JSON)
     versions: Mapped[dict] = mapped_column(JSON)
     current_job_id: Mapped[str | None] = mapped_column(String(36))
+    # Whether the worker reached its broker at its last heartbeat: it can take work only then.
+    broker_ok: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

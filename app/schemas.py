@@ -110,14 +110,16 @@ class Comparison(BaseModel):
 
 
 class Worker(BaseModel):
-    """A worker as its last heartbeat describes it. `online` while `last_seen` is younger than
-    `worker_timeout_s`; `current_job_id` is shown only when that job is the caller's (`busy`
+    """A worker as its last heartbeat describes it. `online` (it can take work) while `last_seen`
+    is younger than `worker_timeout_s` and `broker_connected` (it reached the broker at that
+    heartbeat); `current_job_id` is shown only when that job is the caller's (`busy`
     says whether it trains anything)."""
 
     name: str
     hostname: str
     hardware: str
     online: bool
+    broker_connected: bool
     queues: list[str]
     devices: list[str]
     versions: dict[str, str]

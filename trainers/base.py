@@ -85,20 +85,43 @@ class HardwareMismatch(Exception):
 
 
 class NanLoss(Exception):
-    """The training loss stopped being a finite number; `epoch` is the epoch where it happened."""
+    """A metric or the trained weights stopped being finite numbers (NaN or infinity).
 
-    def __init__(self, epoch: int, loss: float) -> None:
+    `epoch`: the epoch where it happened; `metric`: which number (`train_loss`, `test_loss`, ...
+    or `weights`); `value`: what it became."""
+
+    def __init__(self, epoch: int, value: float, metric: str = "train_loss") -> None:
         super().__init__(
-            f"the training loss became {loss} in epoch {epoch}; lower optimizer.learning_rate "
-            "(or check the data for NaN values)"
+            f"{metric} became {value} in epoch {epoch}; lower optimizer.learning_rate "
+            "(or add optimizer.clip_norm, or check the data for NaN values)"
         )
         self.epoch = epoch
+        self.metric = metric
+        self.value = value
+
+
+# The metrics that must be finite numbers; timings are measured, never diverge.
+FINITE_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
 
 
 def check_finite(metrics: EpochMetrics) -> None:
-    """Raise NanLoss when the epoch's training loss is NaN or infinite."""
-    if not math.isfinite(metrics.train_loss):
-        raise NanLoss(metrics.epoch, metrics.train_loss)
+    """Raise NanLoss naming the first of the epoch's losses and accuracies that is NaN or infinite:
+    JSON (the database, metrics.json, the API) has no such numbers, and a model that produces
+    them has diverged."""
+    for name in FINITE_METRICS:
+        value = getattr(metrics, name)
+        if not math.isfinite(value):
+            raise NanLoss(metrics.epoch, value, name)
+
+
+def check_finite_weights(weights: dict, epoch: int) -> None:
+    """Raise NanLoss when any array of `weights` (name -> numpy array: params and batch norm
+    statistics) holds a NaN or infinity, naming the first such tensor."""
+    import numpy as np
+
+    for name, value in weights.items():
+        if not np.isfinite(value).all():
+            raise NanLoss(epoch, float(np.asarray(value)[~np.isfinite(value)].flat[0]), f"weights ({name})")
 
 
 Report = Callable[[int, EpochMetrics], None]

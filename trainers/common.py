@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from trainers.base import EpochMetrics, check_finite
+from trainers.base import EpochMetrics, check_finite, check_finite_weights
 from trainers.spec import CONV_KERNEL, JobSpec, ModelSpec, OptimizerSpec
 
 Weights = dict[str, np.ndarray]
@@ -249,12 +249,14 @@ def write_common_artifacts(
 
     weights.safetensors holds `weights` (float32, PyTorch names and shapes) whichever framework
     trained them; metrics.json is the list of per-epoch metrics; spec.json the normalised spec.
+    Raises NanLoss (nothing written) when a weight or batch norm statistic is not finite.
     """
+    check_finite_weights(weights, metrics[-1].epoch if metrics else 0)
     workdir = Path(workdir)
     tensors = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in weights.items()}
     # "format": "pt" tells safetensors-aware loaders that the names follow PyTorch's layout.
     save_file(tensors, workdir / WEIGHTS_FILE, metadata={"format": "pt", "framework": spec.framework})
-    (workdir / METRICS_FILE).write_text(json.dumps([m.to_dict() for m in metrics], indent=2))
+    (workdir / METRICS_FILE).write_text(json.dumps([m.to_dict() for m in metrics], indent=2, allow_nan=False))
     (workdir / SPEC_FILE).write_text(spec.model_dump_json(indent=2))
     return [WEIGHTS_FILE, METRICS_FILE, SPEC_FILE]
 

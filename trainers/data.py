@@ -29,7 +29,14 @@ from trainers.spec import DatasetSpec
 
 
 class DataNotFound(Exception):
-    """The dataset's files are nowhere to be found and could not be downloaded."""
+    """The dataset's files are nowhere to be found and could not be downloaded.
+
+    `str()` is for the job's user (what to ask for, no server paths); `detail` is for the
+    worker's log (where it looked)."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 @dataclass
@@ -98,7 +105,7 @@ def _mnist_format(name: str) -> Dataset:
         _download(name)
         folder = _find_idx_folder(name)
     if folder is None:
-        raise DataNotFound(_not_found_message(name))
+        raise DataNotFound(_not_found_message(name), _looked_in(name))
     arrays = {key: _read_idx_file(folder, stem) for key, stem in IDX_FILES.items()}
     return Dataset(
         x_train=arrays["x_train"], y_train=arrays["y_train"],
@@ -146,10 +153,10 @@ def _download(name: str) -> None:
 
 
 def _not_found_message(name: str) -> str:
+    """What the job's user is told: how the worker's operator gets the data (no server paths)."""
     files = ", ".join(f"{stem}[.gz]" for stem in IDX_FILES.values())
-    looked_in = ", ".join(str(folder) for folder in _candidate_folders(name))
     ways = [
-        f"put its IDX files ({files}) into $TRAINHUB_DATA_DIR/{_DATA_SUBDIRS[name][0]}/",
+        f"put its IDX files ({files}) into the folder TRAINHUB_DATA_DIR names, under {_DATA_SUBDIRS[name][0]}/",
         "download them where there is internet access with `python -c \"from torchvision import "
         f"datasets; datasets.{_TORCHVISION_CLASSES[name]}('DIR', download=True)\"` and set "
         "TRAINHUB_DATA_DIR=DIR",
@@ -157,9 +164,15 @@ def _not_found_message(name: str) -> str:
     if name in _APT_PACKAGES:
         ways.insert(0, f"on Debian or Ubuntu, `apt-get install {_APT_PACKAGES[name]}`")
     return (
-        f"dataset {name!r} not found: looked in {looked_in} and could not download it into "
-        f"{data_dir()}. To get it: " + "; or ".join(ways) + "."
+        f"dataset {name!r} is not installed on this worker and could not be downloaded; the worker's "
+        "operator can install it: " + "; or ".join(ways) + ". The worker's log says where it looked."
     )
+
+
+def _looked_in(name: str) -> str:
+    """Where the files were looked for, for the worker's log."""
+    looked_in = ", ".join(str(folder) for folder in _candidate_folders(name))
+    return f"dataset {name!r}: looked in {looked_in}; downloads go to {data_dir()}"
 
 
 def _read_idx_file(folder: Path, stem: str) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Export a job's weights.safetensors in either framework's own format.
 
 `state_dict.pt` loads with `torch.load(path, weights_only=True)` into trainers.torch_models.MLP;
-`params.msgpack` loads with `flax.serialization.from_bytes` into trainers.jax_models.MLP's params.
+`params.msgpack` holds the flax variables as `model.init` lays them out (`{"params": ...}`, and
+`"batch_stats"` for a model with batch norm): `flax.serialization.msgpack_restore` reads it.
 The framework is imported only when its format is asked for.
 """
 
@@ -32,7 +33,7 @@ def export(weights_path: Path, framework: str, out_dir: Path) -> Path:
         import jax
         from flax.serialization import to_bytes
 
-        from trainers.jax_models import params_from_weights
+        from trainers.jax_models import variables_from_weights
 
-        path.write_bytes(to_bytes(jax.device_get(params_from_weights(weights))))
+        path.write_bytes(to_bytes(jax.device_get(variables_from_weights(weights))))
     return path

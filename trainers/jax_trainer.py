@@ -151,7 +151,9 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     compilations = _programs_built - programs_before - checkpoint_programs
     batch_stats = getattr(state, "batch_stats", None)
     artifacts = write_common_artifacts(workdir, weights_from_params(state.params, batch_stats), metrics, spec)
-    (workdir / PARAMS_FILE).write_bytes(to_bytes(jax.device_get(state.params)))
+    # Every collection the model needs, laid out as model.init returns them (batch_stats too).
+    variables = {"params": state.params, **({"batch_stats": batch_stats} if batch_stats else {})}
+    (workdir / PARAMS_FILE).write_bytes(to_bytes(jax.device_get(variables)))
     return FitResult(
         metrics=metrics,
         timings={**fit_timings(setup_s, compile_s, compilations, metrics), "checkpoint_s": checkpoint_s},

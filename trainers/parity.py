@@ -64,4 +64,5 @@ def check(
 
 def _check(name: str, value: float, tolerance: float, measure: str) -> dict:
     passed = math.isfinite(value) and value <= tolerance
-    return {"name": name, "value": value, "tolerance": tolerance, "measure": measure, "passed": passed}
+    # JSON has no NaN: a value that is not a number is stored as null (and fails the check).
+    return {"name": name, "value": value if math.isfinite(value) else None, "tolerance": tolerance, "measure": measure, "passed": passed}

@@ -210,6 +210,7 @@ class TrainingSpec(_Strict):
         if self.batch_size % self.devices:
             raise ValueError(f"batch_size {self.batch_size} must be a multiple of devices ({self.devices}): "
                              "each device takes an equal share of the global batch")
+        _check_batch_norm(self)
         return self
 
     @model_validator(mode="after")
@@ -253,6 +254,27 @@ class JobSpec(TrainingSpec):
         return self
 
 
+def _check_batch_norm(spec: TrainingSpec) -> None:
+    """Raise ValueError when a batch norm layer would see a single value per channel in a
+    training step: its batch variance is then 0/0 (PyTorch refuses it; JAX's unbiased running
+    variance divides by zero). A layer sees (batch per device) x (its feature map's area)
+    values per channel: the area is 1 for a dense layer, side**2 for a conv layer."""
+    if not spec.model.batch_norm:
+        return
+    per_device = spec.batch_size // spec.devices
+    areas = [side * side for side in conv_sides(spec)] if spec.model.name == "cnn" else []
+    if spec.model.hidden_sizes:
+        areas.append(1)
+    if areas and per_device * min(areas) < 2:
+        where = "a hidden dense layer" if min(areas) == 1 else "the last conv layer (1x1 feature maps)"
+        each = f" on each of the {spec.devices} devices" if spec.devices > 1 else ""
+        raise ValueError(
+            f"model.batch_norm needs at least 2 values per channel in a training step, but batch_size "
+            f"{spec.batch_size} gives {where} only {per_device * min(areas)}{each}; use a batch_size of at least "
+            f"{2 * spec.devices}, or turn model.batch_norm off"
+        )
+
+
 def _check_ddp(spec: TrainingSpec) -> None:
     """Raise ValueError for the data parallel PyTorch runs trainhub cannot do the same way as JAX."""
     if spec.devices == 1:
@@ -289,12 +311,18 @@ def image_side(dataset: str) -> int:
     return math.isqrt(INPUT_FEATURES[dataset])
 
 
+def conv_sides(spec: TrainingSpec) -> list[int]:
+    """Side of each cnn conv layer's output ("same" padding: its input's side), before its pool."""
+    sides, side = [], image_side(spec.dataset.name)
+    for _ in spec.model.channels:
+        sides.append(side)
+        side //= 2
+    return sides
+
+
 def conv_output_side(spec: TrainingSpec) -> int:
     """Side of the feature maps after the cnn's conv layers (each 2x2 pool floors half the side)."""
-    side = image_side(spec.dataset.name)
-    for _ in spec.model.channels:
-        side //= 2
-    return side
+    return image_side(spec.dataset.name) >> len(spec.model.channels)
 
 
 def parameter_count(spec: TrainingSpec) -> int:

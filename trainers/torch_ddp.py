@@ -120,7 +120,7 @@ def _supervise(ranks: list, messages, report: Report, should_stop: ShouldStop) -
 def _error(payload: dict) -> Exception:
     """The exception a rank reported, as the runner names errors (NanLoss keeps its type)."""
     if payload["type"] == "NanLoss":
-        return NanLoss(payload["epoch"], payload["loss"])
+        return NanLoss(payload["epoch"], payload["value"], payload["metric"])
     return RuntimeError(f"DDP rank {payload['rank']}: {payload['type']}: {payload['message']}")
 
 
@@ -194,7 +194,7 @@ def _rank_main(rank: int, spec_json: dict, workdir: str, port: int, devices: lis
         payload = {"rank": rank, "type": type(exc).__name__, "message": str(exc) or repr(exc),
                    "traceback": traceback.format_exc()}
         if isinstance(exc, NanLoss):
-            payload.update(epoch=exc.epoch, loss=float("nan"))
+            payload.update(epoch=exc.epoch, value=exc.value, metric=exc.metric)
         messages.put(("error", payload))
         raise SystemExit(1)
     finally:

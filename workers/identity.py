@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class WorkerIdentity:
+    """This worker process: `name` is `hostname:pid:instance`, unique per process start (a
+    restarted container's PID 1 gets a new instance), so a job its predecessor held is seen lost."""
+
     name: str
     hostname: str
     caps: Capabilities
@@ -31,6 +35,7 @@ class WorkerIdentity:
         return {
             "name": self.name,
             "hostname": self.hostname,
+            "pid": os.getpid(),
             "hardware": self.caps.hardware,
             "devices": self.caps.devices,
             "versions": self.caps.versions,
@@ -43,7 +48,8 @@ _current: WorkerIdentity | None = None
 def register(caps: Capabilities) -> WorkerIdentity:
     global _current
     hostname = socket.gethostname()
-    _current = WorkerIdentity(name=f"{hostname}:{os.getpid()}", hostname=hostname, caps=caps)
+    instance = uuid.uuid4().hex[:8]
+    _current = WorkerIdentity(name=f"{hostname}:{os.getpid()}:{instance}", hostname=hostname, caps=caps)
     return _current
 
 
@@ -54,7 +60,11 @@ def current_worker() -> WorkerIdentity:
 
 
 def beat(identity: WorkerIdentity) -> None:
-    """Upsert this worker's heartbeat row."""
+    """Upsert this worker's heartbeat row, saying whether the broker answers (broker_ok).
+
+    `last_seen` is read before `current_job_id`: a beat stamped after a job's claim (started_at,
+    from the same clock) names that job, so the reconciler may trust a beat that names another."""
+    last_seen = utcnow()
     values = {
         "name": identity.name,
         "hostname": identity.hostname,
@@ -63,7 +73,8 @@ def beat(identity: WorkerIdentity) -> None:
         "devices": identity.caps.devices,
         "versions": identity.caps.versions,
         "current_job_id": identity.current_job_id,
-        "last_seen": utcnow(),
+        "last_seen": last_seen,
+        "broker_ok": broker_reachable(),
     }
     dialect = postgresql if get_engine().dialect.name == "postgresql" else sqlite
     statement = dialect.insert(Worker).values(**values, started_at=utcnow())
@@ -73,6 +84,25 @@ def beat(identity: WorkerIdentity) -> None:
     with session_scope() as session:
         session.execute(statement)
         session.commit()
+
+
+def broker_reachable(timeout_s: float = 2.0) -> bool:
+    """Whether the broker answers now (Redis: a PING; the embedded filesystem broker: its folder)."""
+    from app.config import get_settings
+
+    url = get_settings().resolved_broker_url()
+    if not url.startswith(("redis://", "rediss://")):
+        return True
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.RedisError:
+        return False
 
 
 class Heartbeat:

@@ -12,16 +12,18 @@ import hashlib
 import logging
 import threading
 import time
+import uuid
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import case, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError, StatementError
 
 import trainers
-from app import jobs, storage
+from app import jobs, lifecycle, storage
 from app.config import get_settings
-from app.db import session_scope
+from app.db import is_transient, retrying, session_scope
+from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
 from trainers.spec import JobSpec
 from workers import comparisons
@@ -35,8 +37,10 @@ shutting_down = threading.Event()
 # A running job looks at its cancel flag at most this often (seconds), between chunks of steps.
 CANCEL_POLL_S = 0.5
 
-# Error types users can act on, by exception class name; anything else keeps its own name.
-ERROR_TYPES = {"DataNotFound": "data_not_found", "HardwareMismatch": "hardware_mismatch", "NanLoss": "nan_loss"}
+# Errors a job's user can act on, by exception class name, shown with their own message. Any
+# other exception is "internal": its details (which may hold SQL, a server path or a driver's
+# name) go to the worker's log under a reference, and the user sees only that reference.
+USER_ERRORS = {"DataNotFound": "data_not_found", "HardwareMismatch": "hardware_mismatch", "NanLoss": "nan_loss"}
 
 
 def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
@@ -44,10 +48,12 @@ def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
     "misrouted" when its queue is not among `serves` (the queues this worker checked it can serve).
 
     Whatever happens after the claim, the job ends succeeded, failed or cancelled, or (when the
-    worker is shutting down) goes back to queued to resume elsewhere: it is never left running."""
-    if serves is not None and not serves_job(job_id, serves):
+    worker is shutting down) goes back to queued to resume elsewhere. Its writes are retried
+    through a database outage of up to Settings.db_retry_s; if the database stays away longer,
+    the job is left to the reconciler, which requeues it once this worker reports another job."""
+    if serves is not None and not retrying(lambda: serves_job(job_id, serves)):
         return "misrouted"
-    claimed = claim(job_id, worker)
+    claimed = retrying(lambda: claim(job_id, worker))
     if claimed is None:
         log.info("job %s is not queued (duplicate delivery or cancelled); skipping", job_id)
         return "skipped"
@@ -56,35 +62,51 @@ def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
         return train(job_id, attempt, claimed_at, worker)
     except trainers.StopTraining as stop:
         if stop.reason == "cancelled":
-            return finish(job_id, attempt, "cancelled")
+            return finish(job_id, attempt, JobStatus.CANCELLED)
         if stop.reason == "shutdown":
             return release(job_id, attempt)
-        return finish(job_id, attempt, "failed", error={"type": stop.reason, "message": str(stop)})
+        if stop.reason == "superseded":
+            log.warning("job %s was handed to another worker; this attempt (%d) stops", job_id, attempt)
+            return "superseded"
+        return finish(job_id, attempt, JobStatus.FAILED, error={"type": stop.reason, "message": str(stop)})
     except Exception as exc:
-        log.exception("job %s failed", job_id)
-        kind = ERROR_TYPES.get(type(exc).__name__, type(exc).__name__)
-        return finish(job_id, attempt, "failed", error={"type": kind, "message": str(exc) or repr(exc)})
+        return finish(job_id, attempt, JobStatus.FAILED, error=user_error(job_id, exc))
+
+
+def user_error(job_id: str, exc: Exception) -> dict:
+    """{"type", "message"} to show the job's user for `exc`; the details go to the log."""
+    kind = USER_ERRORS.get(type(exc).__name__)
+    if kind is not None:
+        log.warning("job %s failed (%s): %s %s", job_id, kind, exc, getattr(exc, "detail", ""))
+        return {"type": kind, "message": str(exc)}
+    reference = uuid.uuid4().hex[:12]
+    log.exception("job %s failed: internal error, reference %s", job_id, reference)
+    return {"type": "internal", "message": f"the job stopped on an internal error; the service's operators "
+            f"find its details in the worker's log under reference {reference}"}
 
 
 def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
     """Fit the claimed job, store its artifacts and end it succeeded."""
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        spec = JobSpec.model_validate(job.spec)
-        created_at = job.created_at
+    spec, created_at = retrying(lambda: read_spec(job_id))
     workdir = get_settings().resolved_artifact_dir() / job_id
     hooks = JobHooks(job_id, attempt, spec.max_runtime_s)
     result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop)
-    store_artifacts(job_id, workdir, result.artifacts)
+    retrying(lambda: store_artifacts(job_id, workdir, result.artifacts))
     timings = {
         "queue_wait_s": _seconds(created_at, claimed_at),
         **result.timings,
         "total_s": _seconds(claimed_at, utcnow()),
     }
     worker = {**worker, "backend": result.device.get("backend"), "devices": result.device.get("devices", worker.get("devices"))}
-    status = finish(job_id, attempt, "succeeded", timings=timings, result=result.result, worker=worker)
-    comparisons.settle(job_id)
+    status = finish(job_id, attempt, JobStatus.SUCCEEDED, timings=timings, result=result.result, worker=worker)
+    retrying(lambda: comparisons.settle(job_id))
     return status
+
+
+def read_spec(job_id: str) -> tuple[JobSpec, datetime]:
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        return JobSpec.model_validate(job.spec), job.created_at
 
 
 def serves_job(job_id: str, serves: list[str]) -> bool:
@@ -98,7 +120,7 @@ def serves_job(job_id: str, serves: list[str]) -> bool:
             return True  # an unknown id: claim() skips it
         log.warning("job %s needs %s, which this worker (%s) does not serve; sending it back to its queue",
                     job_id, job.queue, ", ".join(serves))
-        if job.status == "queued":
+        if job.status == JobStatus.QUEUED:
             jobs.enqueue(session, job)
     return False
 
@@ -108,13 +130,7 @@ def claim(job_id: str, worker: dict) -> tuple[datetime, int] | None:
     the job is not queued (another worker won, or it was cancelled)."""
     now = utcnow()
     with session_scope() as session:
-        attempt = session.scalar(
-            update(Job)
-            .where(Job.id == job_id, Job.status == "queued")
-            .values(status="running", started_at=now, attempts=Job.attempts + 1, worker=worker)
-            .returning(Job.attempts)
-        )
-        session.commit()
+        attempt = lifecycle.claim(session, job_id, worker, now)
     return (now, attempt) if attempt is not None else None
 
 
@@ -129,16 +145,19 @@ class JobHooks:
         self.last_poll = 0.0
 
     def report(self, epoch: int, metrics: trainers.EpochMetrics) -> None:
-        """Store the epoch's metrics (once, even if reported again) and the job's progress."""
+        """Store the epoch's metrics (once, even if reported again) and the job's progress; retried
+        through a database outage (training waits for it)."""
+        retrying(lambda: self._record(epoch, metrics))
+        self.should_stop(force=True)
+
+    def _record(self, epoch: int, metrics: trainers.EpochMetrics) -> None:
         with session_scope() as session:
             try:
                 with session.begin_nested():
                     session.add(EpochMetric(job_id=self.job_id, **metrics.to_dict()))
             except IntegrityError:
                 log.info("job %s epoch %d was already recorded", self.job_id, epoch)
-            session.execute(update(Job).where(Job.id == self.job_id, Job.attempts == self.attempt).values(epoch=epoch))
-            session.commit()
-        self.should_stop(force=True)
+            lifecycle.record_epoch(session, self.job_id, self.attempt, epoch)
 
     def should_stop(self, force: bool = False) -> None:
         """Raise StopTraining when the job was cancelled, ran past max_runtime_s, was handed
@@ -151,14 +170,17 @@ class JobHooks:
         if not force and now - self.last_poll < CANCEL_POLL_S:
             return
         self.last_poll = now
-        with session_scope() as session:
-            row = session.execute(
-                select(Job.cancel_requested, Job.status, Job.attempts).where(Job.id == self.job_id)
-            ).one()
+        row = retrying(self._read_flags)
         if row.cancel_requested:
             raise trainers.StopTraining("cancelled", "cancelled by the user")
-        if row.status != "running" or row.attempts != self.attempt:
+        if row.status != JobStatus.RUNNING or row.attempts != self.attempt:
             raise trainers.StopTraining("superseded", "the job was handed to another worker")
+
+    def _read_flags(self):
+        with session_scope() as session:
+            return session.execute(
+                select(Job.cancel_requested, Job.status, Job.attempts).where(Job.id == self.job_id)
+            ).one()
 
 
 def store_artifacts(job_id: str, workdir: Path, names: list[str]) -> None:
@@ -186,36 +208,35 @@ def sha256_file(path: Path) -> str:
 
 
 def release(job_id: str, attempt: int) -> str:
-    """Put a job this worker stops on shutdown back in its queue; the attempt does not count, and
-    the next one resumes from the last checkpoint. A job whose cancel came meanwhile ends
-    `cancelled` instead (its finished epochs stay): one statement decides, so a cancel is never
-    lost between the two."""
-    cancelled = Job.cancel_requested.is_(True)
-    with session_scope() as session:
-        status = session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == "running", Job.attempts == attempt)
-            .values(status=case((cancelled, "cancelled"), else_="queued"),
-                    attempts=case((cancelled, Job.attempts), else_=Job.attempts - 1),
-                    finished_at=case((cancelled, utcnow()), else_=None), enqueued_at=None)
-            .returning(Job.status)
-        ).scalar()
-        session.commit()
-        if status == "queued":
-            jobs.enqueue(session, session.get(Job, job_id))  # broker away: the reconciler sends it later
-    log.info("job %s %s on shutdown", job_id, "released" if status == "queued" else status)
-    return status or "queued"
+    """Put a job this worker stops on shutdown back in its queue (lifecycle.release); the next
+    attempt resumes from the last checkpoint. A cancel that came meanwhile ends it cancelled."""
+    def attempt_release() -> JobStatus | None:
+        with session_scope() as session:
+            status = lifecycle.release(session, job_id, attempt)
+            if status == JobStatus.QUEUED:
+                jobs.enqueue(session, session.get(Job, job_id))  # broker away: the reconciler sends it later
+            return status
+
+    status = retrying(attempt_release)
+    log.info("job %s %s on shutdown", job_id, "released" if status == JobStatus.QUEUED else status)
+    return status or JobStatus.QUEUED
 
 
-def finish(job_id: str, attempt: int, status: str, **values) -> str:
-    """End this attempt of the job with `status`, unless the job has moved on without it."""
-    with session_scope() as session:
-        session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == "running", Job.attempts == attempt)
-            .values(status=status, finished_at=utcnow(), **values)
-        )
-        session.commit()
+def finish(job_id: str, attempt: int, status: JobStatus, **values) -> str:
+    """End this attempt of the job with `status`, unless the job has moved on without it. A value
+    that cannot be stored (not strict JSON) fails the job as internal rather than leaving it running."""
+    def attempt_finish() -> bool:
+        with session_scope() as session:
+            return lifecycle.finish(session, job_id, attempt, status, **values)
+
+    try:
+        retrying(attempt_finish)
+    except (ValueError, StatementError) as exc:  # e.g. a NaN in timings or result: JSON has none
+        if is_transient(exc):
+            raise  # the database stayed away: the reconciler requeues the job
+        values = {"error": user_error(job_id, exc)}
+        status = JobStatus.FAILED
+        retrying(attempt_finish)
     log.info("job %s %s", job_id, status)
     return status
 

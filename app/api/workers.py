@@ -32,7 +32,7 @@ def list_workers(session: SessionDep, user: CurrentUser) -> Response:
     serving = heartbeats.workers_per_queue(online)
     items = [
         Worker(
-            name=w.name, hostname=w.hostname, hardware=w.hardware, online=w in online,
+            name=w.name, hostname=w.hostname, hardware=w.hardware, online=w in online, broker_connected=w.broker_ok,
             queues=w.queues, devices=w.devices, versions=w.versions, busy=w in online and w.current_job_id in running,
             current_job_id=w.current_job_id if w.current_job_id in running and (
                 user.is_admin or running[w.current_job_id] == user.id) else None,

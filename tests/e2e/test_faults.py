@@ -54,7 +54,7 @@ def faults(database_url, broker, database_link, tmp_path_factory):
 def kill_worker_running(service, client, job_id: str) -> int:
     """kill -9 the worker process that runs `job_id`; the core it was pinned to."""
     workers = [p for p in service.stack.processes[1:] if p.poll() is None]
-    pid = int(client.get(job_id)["worker"]["name"].rsplit(":", 1)[1])
+    pid = client.get(job_id)["worker"]["pid"]
     victim = next(p for p in workers if p.pid == pid)
     core = pinned_core(victim)
     victim.send_signal(signal.SIGKILL)

@@ -125,6 +125,8 @@ def test_missing_data_fails_with_how_to_get_it_and_worker_goes_on(service):
         assert job["status"] == "failed"
         assert job["error"]["type"] == "data_not_found"
         assert "TRAINHUB_DATA_DIR" in job["error"]["message"]
+        assert "/root" not in job["error"]["message"] and "/home" not in job["error"]["message"]
+        assert ".cache" not in job["error"]["message"]
         assert job["metrics"] == [] and job["artifacts"] == []
         after = client.wait(client.submit({**DIGITS, "framework": "pytorch", "epochs": 1})["id"], timeout_s=120)
         assert after["status"] == "succeeded"

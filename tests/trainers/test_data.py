@@ -77,8 +77,10 @@ def test_missing_mnist_says_how_to_get_it(tmp_path, monkeypatch):
 
     assert attempts == ["mnist"]
     message = str(raised.value)
-    assert "TRAINHUB_DATA_DIR" in message and str(tmp_path) in message
-    assert "train-images-idx3-ubyte" in message and "datasets.MNIST(" in message
+    assert "TRAINHUB_DATA_DIR" in message and "train-images-idx3-ubyte" in message and "datasets.MNIST(" in message
+    # The user is told what to do, never the worker's paths; the log (detail) says where it looked.
+    assert str(tmp_path) not in message and "/" not in message.split("(")[0]
+    assert str(tmp_path) in raised.value.detail
 
 
 def test_missing_fashion_mnist_names_the_debian_package(tmp_path, monkeypatch):

@@ -30,8 +30,8 @@ def test_export_round_trip_keeps_the_logits(framework, tmp_path, x_test):
 
     state_dict = torch.load(export(weights, "pytorch", tmp_path / "pt"), weights_only=True)
     exported_torch = from_weights({k: v.numpy() for k, v in state_dict.items()}).eval()
-    template = jax_params
-    exported_params = from_bytes(template, (export(weights, "jax", tmp_path / "jx")).read_bytes())
+    template = {"params": jax_params}
+    exported_params = from_bytes(template, (export(weights, "jax", tmp_path / "jx")).read_bytes())["params"]
 
     with torch.no_grad():
         torch_logits = torch_model(torch.from_numpy(x_test)).numpy()

@@ -75,9 +75,10 @@ def test_state_dict_loads_with_weights_only(digits_runs):
 
 def test_params_msgpack_matches_the_weights(digits_runs):
     run = digits_runs["jax"]
-    params = msgpack_restore((run.workdir / "params.msgpack").read_bytes())
+    variables = msgpack_restore((run.workdir / "params.msgpack").read_bytes())
     weights = load_file(run.workdir / "weights.safetensors")
-    np.testing.assert_array_equal(params["layers_1"]["kernel"], weights["layers.1.weight"].T)
+    assert set(variables) == {"params"}  # laid out as model.init returns them
+    np.testing.assert_array_equal(variables["params"]["layers_1"]["kernel"], weights["layers.1.weight"].T)
 
 
 def test_jax_weights_load_into_pytorch(digits_runs):

@@ -41,7 +41,7 @@ def heartbeat_rows():
     with session_scope() as session:
         return [{"name": w.name, "hostname": w.hostname, "hardware": w.hardware, "queues": w.queues,
                  "devices": w.devices, "versions": sorted(w.versions), "current_job_id": w.current_job_id}
-                for w in session.scalars(select(Worker).where(Worker.name.endswith(f":{os.getpid()}")))]
+                for w in session.scalars(select(Worker).where(Worker.name.contains(f":{os.getpid()}:")))]
 
 def worker_loop(argv):  # the worker loop itself is not under test here: what it would run with is
     worker_argv.extend(argv)
@@ -94,7 +94,7 @@ def test_cpu_worker_is_pinned_before_import_and_registers_what_it_serves(service
     [row] = result["heartbeat_rows"]["while_serving"]
     assert row["name"] == name and row["hardware"] == "cpu" and row["queues"] == ["cpu.jax", "cpu.pytorch"]
     assert row["devices"] == ["cpu:0"] and row["versions"] == ["jax", "pytorch"]
-    assert row["hostname"] == name.rsplit(":", 1)[0] and row["current_job_id"] is None
+    assert row["hostname"] == name.split(":")[0] and row["current_job_id"] is None
     assert result["heartbeat_rows"]["after_stopping"] == []
 
 

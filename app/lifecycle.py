@@ -1,0 +1,141 @@
+"""A job's lifecycle: its status values and every transition of its row, side by side.
+
+The row is the source of truth and every transition is one compare-and-set UPDATE, fenced so
+that two actors racing for the same row (a cancel and a claim, a release and a reconciler) can
+never both win. A worker's writes are fenced by the attempt number its claim took: once the row
+moved on without it (the reconciler handed the job to another worker), they no longer apply.
+
+| transition     | from                  | to                               | by          | fence                       |
+|----------------|-----------------------|----------------------------------|-------------|-----------------------------|
+| claim          | queued                | running (attempts + 1)           | worker      | status = queued             |
+| record_epoch   | running               | running (epoch = k)              | worker      | attempts = its attempt      |
+| finish         | running               | succeeded / failed / cancelled   | worker      | running, its attempt        |
+| release        | running               | queued (attempts - 1), or        | worker      | running, its attempt        |
+|                |                       | cancelled when a cancel came     |             |                             |
+| cancel         | queued                | cancelled                        | API         | status = queued             |
+|                | running               | running, cancel_requested        | API         | status = running            |
+| requeue_lost   | running               | queued                           | reconciler  | running, the attempt seen   |
+| fail_lost      | running               | failed (worker_lost)             | reconciler  | running, the attempt seen   |
+| cancel_lost    | running (cancel asked)| cancelled                        | reconciler  | running, the attempt seen   |
+
+Each function executes its statement on the caller's session and commits; it returns whether
+(or how) the row changed, so the caller knows whether it won.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import case, update
+from sqlalchemy.orm import Session
+
+from app.models import Job, utcnow
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def _fence(job_id: str, attempt: int):
+    return (Job.id == job_id, Job.status == JobStatus.RUNNING, Job.attempts == attempt)
+
+
+def claim(session: Session, job_id: str, worker: dict, now: datetime) -> int | None:
+    """queued -> running for `worker`; the attempt number this claim took, or None when the job
+    is not queued (another worker won, a duplicate message, or it was cancelled)."""
+    attempt = session.scalar(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.RUNNING, started_at=now, attempts=Job.attempts + 1, worker=worker)
+        .returning(Job.attempts)
+    )
+    session.commit()
+    return attempt
+
+
+def record_epoch(session: Session, job_id: str, attempt: int, epoch: int) -> bool:
+    """The job's progress: `epoch` epochs done (its metrics row is added by the caller in the same
+    transaction). False when this attempt no longer owns the row."""
+    moved = session.execute(update(Job).where(Job.id == job_id, Job.attempts == attempt).values(epoch=epoch))
+    session.commit()
+    return moved.rowcount == 1
+
+
+def finish(session: Session, job_id: str, attempt: int, status: JobStatus, **values) -> bool:
+    """running -> `status` (succeeded, failed or cancelled) with `values` (timings, result, error,
+    worker); False when the job moved on without this attempt."""
+    assert status in FINISHED, status
+    moved = session.execute(
+        update(Job).where(*_fence(job_id, attempt)).values(status=status, finished_at=utcnow(), **values)
+    )
+    session.commit()
+    return moved.rowcount == 1
+
+
+def release(session: Session, job_id: str, attempt: int) -> JobStatus | None:
+    """A worker stopping (shutdown) hands its job back: running -> queued, the attempt not
+    counted, so the next one resumes from the last checkpoint; or -> cancelled when a cancel came
+    meanwhile. One statement decides, so a cancel is never lost between the two. None when the
+    job moved on without this attempt."""
+    cancelled = Job.cancel_requested.is_(True)
+    status = session.execute(
+        update(Job)
+        .where(*_fence(job_id, attempt))
+        .values(status=case((cancelled, JobStatus.CANCELLED.value), else_=JobStatus.QUEUED.value),
+                attempts=case((cancelled, Job.attempts), else_=Job.attempts - 1),
+                finished_at=case((cancelled, utcnow()), else_=None), enqueued_at=None)
+        .returning(Job.status)
+    ).scalar()
+    session.commit()
+    return JobStatus(status) if status else None
+
+
+def cancel(session: Session, job_id: str) -> None:
+    """A queued job is cancelled at once (it will never run); a running one is flagged, and its
+    worker stops it at its next look. Finished jobs are left as they are.
+
+    One compare-and-set whatever the row's state: a worker that claims the job, or releases it on
+    shutdown, between two statements would make both miss. (PostgreSQL re-checks the WHERE
+    against a row that changed while the UPDATE waited for it.)"""
+    queued = Job.status == JobStatus.QUEUED
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
+            status=case((queued, JobStatus.CANCELLED.value), else_=Job.status),
+            finished_at=case((queued, utcnow()), else_=Job.finished_at),
+            cancel_requested=case((queued, Job.cancel_requested), else_=True))
+    )
+    session.commit()
+
+
+def requeue_lost(session: Session, job_id: str, attempt: int) -> bool:
+    """running -> queued for a job whose worker was lost; it resumes from its checkpoint. Fenced
+    by the attempt the reconciler saw: a worker that claims it meanwhile wins."""
+    moved = session.execute(update(Job).where(*_fence(job_id, attempt)).values(
+        status=JobStatus.QUEUED, enqueued_at=None))
+    session.commit()
+    return moved.rowcount == 1
+
+
+def fail_lost(session: Session, job_id: str, attempt: int, message: str) -> bool:
+    """running -> failed (error.type worker_lost) after the last allowed attempt was lost."""
+    moved = session.execute(update(Job).where(*_fence(job_id, attempt)).values(
+        status=JobStatus.FAILED, finished_at=utcnow(), error={"type": "worker_lost", "message": message}))
+    session.commit()
+    return moved.rowcount == 1
+
+
+def cancel_lost(session: Session, job_id: str, attempt: int) -> bool:
+    """running -> cancelled for a lost job whose cancel was asked: it is not run again."""
+    moved = session.execute(update(Job).where(*_fence(job_id, attempt)).values(
+        status=JobStatus.CANCELLED, finished_at=utcnow()))
+    session.commit()
+    return moved.rowcount == 1

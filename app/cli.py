@@ -45,7 +45,9 @@ def up(
 ) -> None:
     """The embedded stack: the API and cpu worker(s) over SQLite and a local broker under VAR_DIR.
 
-    Prints the URL and a new API key, then runs until interrupted (Ctrl-C stops everything)."""
+    Prints the URL and a new API key, then runs until interrupted (Ctrl-C stops everything). A
+    child that dies (killed, out of memory) is restarted after a short backoff; `up` gives up
+    only when one keeps failing at start."""
     from app import stack
     from app.db import make_engine, migrate
     from app.keys import create_key
@@ -72,9 +74,10 @@ def up(
         print(f"export TRAINHUB_API_URL={running.url}  # for the CLI in another shell", flush=True)
         print(f"API key: {secret}", flush=True)
         while not stopped.wait(0.5):
-            dead = [p for p in running.processes if p.poll() is not None]
-            if dead:
-                console.print(f"[red]a child process exited with code {dead[0].returncode}; stopping[/red]")
+            try:
+                running.supervise(say=lambda line: console.print(f"[yellow]{escape(line)}[/yellow]"))
+            except stack.ChildKeepsFailing as exc:
+                console.print(f"[red]{escape(str(exc))}; stopping[/red]")
                 raise typer.Exit(1)
     finally:
         running.stop()
@@ -95,7 +98,10 @@ def serve(
         # The per-key quotas lock the key's row (app/limits.py), which SQLite cannot: one process.
         fail("--workers above 1 needs PostgreSQL (TRAINHUB_DATABASE_URL); the embedded SQLite database "
              "serves one API process")
-    uvicorn.run("app.main:app", host=host, port=port, workers=workers)
+    # Open event streams and downloads would hold a graceful shutdown forever: they get
+    # shutdown_timeout_s to end, then are cancelled (a client resumes with Last-Event-ID or Range).
+    uvicorn.run("app.main:app", host=host, port=port, workers=workers,
+                timeout_graceful_shutdown=get_settings().shutdown_timeout_s)
 
 
 @cli.command()
@@ -229,29 +235,41 @@ def call(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+# The spec options of `submit` and `compare`, each with the field of the spec it sets. None (not
+# given) leaves the field to the --spec file, or to the API's default.
+SPEC_OPTIONS = {
+    "framework": ("framework",), "hardware": ("hardware",), "dataset": ("dataset", "name"),
+    "train_limit": ("dataset", "train_limit"), "test_limit": ("dataset", "test_limit"),
+    "epochs": ("epochs",), "batch_size": ("batch_size",), "learning_rate": ("optimizer", "learning_rate"),
+    "hidden_sizes": ("model", "hidden_sizes"), "dropout": ("model", "dropout"), "seed": ("seed",),
+    "name": ("name",),
+}
+
+
 @cli.command()
 def submit(
     framework: Annotated[Optional[str], typer.Option(help="jax or pytorch (default jax)")] = None,
-    hardware: str = "cpu",
-    dataset: Annotated[str, typer.Option(help="fashion-mnist, mnist, digits or synthetic")] = "fashion-mnist",
-    epochs: int = 10,
-    batch_size: int = 128,
-    learning_rate: float = 1e-3,
-    hidden_sizes: Annotated[str, typer.Option(help="comma-separated, e.g. 256,128")] = "256,128",
-    dropout: float = 0.0,
-    seed: int = 0,
+    hardware: Annotated[Optional[str], typer.Option(help="cpu, gpu or tpu (default cpu)")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="fashion-mnist (default), mnist, digits or synthetic")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="default 10")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="default 128")] = None,
+    learning_rate: Annotated[Optional[float], typer.Option(help="default 0.001")] = None,
+    hidden_sizes: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. 256,128 (the default)")] = None,
+    dropout: Annotated[Optional[float], typer.Option(help="default 0")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="default 0")] = None,
     train_limit: Optional[int] = None,
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
-    spec_file: Annotated[Optional[Path], typer.Option("--spec", help="a JobSpec JSON file; overrides the options")] = None,
+    spec_file: Annotated[Optional[Path], typer.Option(
+        "--spec", help="a JobSpec JSON file; options given with it override its fields")] = None,
     wait: Annotated[bool, typer.Option(help="show progress and end with the result")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the Job as JSON")] = False,
 ) -> None:
     """Submit a job; prints its id (or the Job as JSON)."""
-    spec = spec_from_options(spec_file, hardware=hardware, dataset=dataset, epochs=epochs, batch_size=batch_size,
-                             learning_rate=learning_rate, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
-                             train_limit=train_limit, test_limit=test_limit, name=name)
-    spec.setdefault("framework", framework or "jax")  # a --spec file's own framework wins, as its other fields do
+    spec = spec_from_options(spec_file, framework=framework, hardware=hardware, dataset=dataset, epochs=epochs,
+                             batch_size=batch_size, learning_rate=learning_rate, hidden_sizes=hidden_sizes,
+                             dropout=dropout, seed=seed, train_limit=train_limit, test_limit=test_limit, name=name)
+    spec.setdefault("framework", "jax")
     with client_from_settings() as client:
         job = call(client.submit, spec)
         if wait:
@@ -264,25 +282,53 @@ def submit(
         raise typer.Exit(1)
 
 
-def spec_from_options(spec_file: Path | None, *, hidden_sizes: str, dropout: float, dataset: str,
-                      train_limit: int | None, test_limit: int | None, learning_rate: float, **fields) -> dict:
-    """A JobSpec body from the command's options, or from a JSON file when one is given."""
-    if spec_file:
-        try:
-            return json.loads(spec_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(f"cannot read a JSON spec from {spec_file}: {exc}", param_hint="--spec")
+def spec_from_options(spec_file: Path | None, **options) -> dict:
+    """A spec body: the --spec file's JSON (or nothing), then each option given set on its field
+    (SPEC_OPTIONS). An option that changes a field the file set says so on stderr, so nothing a
+    user typed is silently ignored; the submitted spec shows the result."""
+    spec = read_spec_file(spec_file) if spec_file else {}
+    for option, value in options.items():
+        if value is None:
+            continue
+        if option == "hidden_sizes":
+            value = parse_sizes(value)
+        *parents, field = SPEC_OPTIONS[option]
+        target = spec
+        for parent in parents:
+            if not isinstance(target.get(parent, {}), dict):
+                raise typer.BadParameter(f"the spec file's {parent!r} is not an object, so --{option.replace('_', '-')} "
+                                         "cannot set a field in it", param_hint="--spec")
+            target = target.setdefault(parent, {})
+        if field in target and target[field] != value:
+            console.print(f"--{option.replace('_', '-')} {value} overrides the spec file's "
+                              f"{'.'.join(SPEC_OPTIONS[option])} ({target[field]})")
+        target[field] = value
+    return spec
+
+
+def read_spec_file(path: Path) -> dict:
+    """The JSON object in `path`; BadParameter (naming --spec) when it is unreadable, not JSON, not
+    an object, or names a key twice."""
+    from app.middleware import DuplicateKey, refuse_duplicate_keys
+
     try:
-        sizes = [int(h) for h in hidden_sizes.split(",") if h.strip()]
+        spec = json.loads(path.read_text(), object_pairs_hook=refuse_duplicate_keys)
+    except DuplicateKey as exc:
+        raise typer.BadParameter(f"{path} names the key {exc.key!r} twice in one object; keep one",
+                                 param_hint="--spec")
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"cannot read a JSON spec from {path}: {exc}", param_hint="--spec")
+    if not isinstance(spec, dict):
+        raise typer.BadParameter(f"{path} holds JSON but not an object of spec fields", param_hint="--spec")
+    return spec
+
+
+def parse_sizes(hidden_sizes: str) -> list[int]:
+    try:
+        return [int(h) for h in hidden_sizes.split(",") if h.strip()]
     except ValueError:
         raise typer.BadParameter(f"{hidden_sizes!r} is not a comma-separated list of whole numbers, e.g. 256,128",
                                  param_hint="--hidden-sizes")
-    return {
-        **fields,
-        "model": {"name": "mlp", "hidden_sizes": sizes, "dropout": dropout},
-        "dataset": {"name": dataset, "train_limit": train_limit, "test_limit": test_limit},
-        "optimizer": {"name": "adam", "learning_rate": learning_rate},
-    }
 
 
 def follow(client: TrainhubClient, job_id: str) -> dict:
@@ -458,18 +504,19 @@ def list_workers(as_json: Annotated[bool, typer.Option("--json", help="print the
 
 @cli.command()
 def compare(
-    hardware: str = "cpu",
-    dataset: Annotated[str, typer.Option(help="fashion-mnist, mnist, digits or synthetic")] = "fashion-mnist",
-    epochs: int = 10,
-    batch_size: int = 128,
-    learning_rate: float = 1e-3,
-    hidden_sizes: Annotated[str, typer.Option(help="comma-separated, e.g. 256,128")] = "256,128",
-    dropout: float = 0.0,
-    seed: int = 0,
+    hardware: Annotated[Optional[str], typer.Option(help="cpu, gpu or tpu (default cpu)")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="fashion-mnist (default), mnist, digits or synthetic")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="default 10")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="default 128")] = None,
+    learning_rate: Annotated[Optional[float], typer.Option(help="default 0.001")] = None,
+    hidden_sizes: Annotated[Optional[str], typer.Option(help="comma-separated, e.g. 256,128 (the default)")] = None,
+    dropout: Annotated[Optional[float], typer.Option(help="default 0")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="default 0")] = None,
     train_limit: Optional[int] = None,
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
-    spec_file: Annotated[Optional[Path], typer.Option("--spec", help="a spec JSON file (no framework)")] = None,
+    spec_file: Annotated[Optional[Path], typer.Option(
+        "--spec", help="a spec JSON file (no framework); options given with it override its fields")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the Comparison as JSON")] = False,
 ) -> None:
     """Train one spec in JAX and in PyTorch and print them side by side."""

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     # running job whose worker has been silent longer is handed to another worker.
     worker_timeout_s: float = Field(30.0, gt=0)
     heartbeat_s: float = Field(5.0, gt=0)
+    # On SIGTERM the API stops accepting, then gives open requests (event streams, downloads)
+    # this long to end before it cancels them and exits (seconds).
+    shutdown_timeout_s: int = Field(3, ge=0, le=60)
     # A worker retries its writes of a job this long through a database outage or restart
     # (seconds); the job waits meanwhile, and is requeued by the reconciler if it never lands.
     db_retry_s: float = Field(90.0, ge=0)

@@ -42,6 +42,25 @@ def is_json(content_type: str | None) -> bool:
     return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names the same key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads' object_pairs_hook: a dict, or DuplicateKey when a key comes twice (RFC 8259
+    leaves that undefined; silently keeping the last would hide what the sender meant)."""
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def _body_error(message: str, kind: str) -> JSONResponse:
     return JSONResponse({"detail": [{"type": kind, "loc": ["body"], "msg": message}]}, status_code=422)
 
@@ -110,7 +129,10 @@ class RequestLimits:
     @staticmethod
     def _json_error(body: bytes, max_depth: int) -> JSONResponse | None:
         try:
-            value = json.loads(body)
+            value = json.loads(body, object_pairs_hook=refuse_duplicate_keys)
+        except DuplicateKey as exc:
+            return _body_error(f"the key {exc.key[:100]!r} appears twice in one JSON object; send it once",
+                               "json_duplicate_key")
         except RecursionError:
             return _body_error(f"JSON nested deeper than this server's limit of {max_depth} levels "
                                "(max_json_depth, set by TRAINHUB_MAX_JSON_DEPTH)", "json_too_deep")

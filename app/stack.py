@@ -19,18 +19,78 @@ from pathlib import Path
 import httpx
 
 
+# How long the API gives open event streams and downloads to end when stopped (seconds).
+API_SHUTDOWN_TIMEOUT_S = 3
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+# A child that exits within this many seconds of its start failed to start; after this many such
+# exits in a row, `up` gives up instead of restarting it again.
+FAILED_START_S = 10.0
+MAX_FAILED_STARTS = 3
+# Waits before restarting a child that died: doubled each time it fails to start, up to the cap.
+RESTART_BACKOFF_S = 1.0
+MAX_RESTART_BACKOFF_S = 30.0
+
+
+class ChildKeepsFailing(RuntimeError):
+    """A child exited MAX_FAILED_STARTS times in a row within FAILED_START_S of its start."""
+
+
+@dataclass
+class Child:
+    """How to (re)start one child of the stack: its name (api, worker-0...), command and log."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    started_at: float = 0.0
+    failed_starts: int = 0
+    restart_at: float | None = None
+
+    def start(self) -> subprocess.Popen:
+        self.started_at = time.monotonic()
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
+            return subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=_die_with_parent)
+
+
 @dataclass
 class Stack:
-    """Child processes started together and stopped together."""
+    """Child processes started together and stopped together; `supervise` restarts one that died."""
 
     url: str
     processes: list[subprocess.Popen] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)  # processes[i] runs children[i]
+
+    def supervise(self, say=print) -> None:
+        """Restart each child that exited, after a short backoff, saying so with `say(line)`.
+        Raises ChildKeepsFailing when one fails at start MAX_FAILED_STARTS times in a row."""
+        now = time.monotonic()
+        for i, child in enumerate(self.children):
+            process = self.processes[i]
+            if process.poll() is None:
+                continue
+            if child.restart_at is None:
+                quick = now - child.started_at < FAILED_START_S
+                child.failed_starts = child.failed_starts + 1 if quick else 0
+                if child.failed_starts >= MAX_FAILED_STARTS:
+                    raise ChildKeepsFailing(f"{child.name} exited with code {process.returncode} {child.failed_starts} "
+                                            f"times within {FAILED_START_S:.0f} s of its start; see {child.log_path}")
+                delay = min(MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S * 2 ** child.failed_starts)
+                child.restart_at = now + delay
+                say(f"{child.name} exited with code {process.returncode}; restarting it in {delay:.0f} s "
+                    f"(log: {child.log_path})")
+            elif now >= child.restart_at:
+                child.restart_at = None
+                self.processes[i] = child.start()
+                say(f"{child.name} restarted (pid {self.processes[i].pid})")
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until /readyz answers 200. Raises RuntimeError if a child exits or time runs out."""
@@ -79,14 +139,15 @@ def start(var_dir: Path, host: str, port: int, workers: int = 1, cpu_devices: in
     logs = var_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     stack = Stack(url=f"http://{host}:{port}")
-    commands = {"api": [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port)]}
+    commands = {"api": [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port),
+                        "--timeout-graceful-shutdown", str(API_SHUTDOWN_TIMEOUT_S)]}
     for i in range(workers):
         commands[f"worker-{i}"] = [sys.executable, "-m", "workers", "--hardware", "cpu",
                                    "--cpu-devices", str(cpu_devices)]
     for name, command in commands.items():
-        with open(logs / f"{name}.log", "ab") as log:  # the child keeps its own copy of the fd
-            stack.processes.append(subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
+        child = Child(name, command, env, logs / f"{name}.log")
+        stack.children.append(child)
+        stack.processes.append(child.start())
     return stack
 
 

@@ -13,6 +13,7 @@ filesystem); with S3 (MinIO, Ceph, AWS...) workers on other hosts need only the 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,6 +93,23 @@ class LocalStore:
 
     def read_bytes(self, location: str) -> bytes:
         return self.path(location).read_bytes()
+
+    def size(self, location: str) -> int:
+        return self.path(location).stat().st_size
+
+    def stream(self, location: str, byte_range: ByteRange | None = None) -> Iterator[bytes]:
+        """The file's bytes (or `byte_range` of them) in chunks of CHUNK_BYTES."""
+        with open(self.path(location), "rb") as f:
+            remaining = byte_range.length if byte_range else None
+            if byte_range:
+                f.seek(byte_range.start)
+            while remaining is None or remaining > 0:
+                chunk = f.read(CHUNK_BYTES if remaining is None else min(CHUNK_BYTES, remaining))
+                if not chunk:
+                    return
+                if remaining is not None:
+                    remaining -= len(chunk)
+                yield chunk
 
 
 class S3Store:
@@ -200,29 +218,53 @@ def read_bytes(location: str) -> bytes:
     return store_for(location).read_bytes(location)
 
 
-def parse_range(header: str | None, size: int) -> ByteRange | None:
-    """The one range of a `Range: bytes=...` header, clipped to `size`; None to send it whole
-    (no header, another unit, or several ranges, which a server may answer with the whole file).
+class Unsatisfiable(Exception):
+    """No range of a Range header lies within the file: HTTP 416 with `Content-Range: bytes */SIZE`."""
 
-    Raises ValueError when the range is not satisfiable (HTTP 416)."""
-    if not header or not header.strip().startswith("bytes="):
+
+_RANGE_SPEC = re.compile(r"(\d*)-(\d*)")
+# Beyond any file's size; longer digit strings are not converted (int() of huge strings is slow).
+_HUGE = 10**18
+
+
+def _position(digits: str) -> int:
+    return int(digits) if len(digits) <= 18 else _HUGE
+
+
+def parse_range(header: str | None, size: int) -> ByteRange | None:
+    """The byte range a `Range` header asks of a file of `size` bytes, by RFC 9110 section 14.
+
+    None to send the whole file (200): no header, a unit other than `bytes`, a header that is
+    not valid range syntax (`bytes=abc`, `bytes=5-4`), or several satisfiable ranges (a server
+    may answer those with the whole file). Raises Unsatisfiable (416) when the header is valid
+    but none of its ranges lies within the file (`bytes=SIZE-`, `bytes=-0`)."""
+    if header is None:
         return None
-    spec = header.strip()[len("bytes="):].strip()
-    if "," in spec:
+    unit, equals, range_set = header.partition("=")
+    if not equals or unit.strip().lower() != "bytes":
         return None
-    first, dash, last = spec.partition("-")
-    if not dash:
+    specs = [spec.strip() for spec in range_set.split(",") if spec.strip()]
+    parsed = []
+    for spec in specs:
+        match = _RANGE_SPEC.fullmatch(spec)
+        if match is None or match[0] == "-":
+            return None
+        first, last = match[1], match[2]
+        if first and last and _position(last) < _position(first):
+            return None
+        parsed.append((first, last))
+    if not parsed:
         return None
-    try:
-        if first.strip() == "":  # the last N bytes
-            suffix = int(last)
-            if suffix <= 0 or size == 0:
-                raise ValueError(header)
-            return ByteRange(max(0, size - suffix), size - 1, size)
-        start = int(first)
-        end = int(last) if last.strip() else size - 1
-    except ValueError:
-        raise ValueError(f"unsatisfiable range {header!r}") from None
-    if start < 0 or start >= size or end < start:
-        raise ValueError(f"unsatisfiable range {header!r} for {size} bytes")
-    return ByteRange(start, min(end, size - 1), size)
+    satisfiable = []
+    for first, last in parsed:
+        if not first:  # the last N bytes
+            if _position(last) > 0 and size > 0:
+                satisfiable.append(ByteRange(max(0, size - _position(last)), size - 1, size))
+        elif _position(first) < size:
+            end = min(_position(last), size - 1) if last else size - 1
+            satisfiable.append(ByteRange(_position(first), end, size))
+    if not satisfiable:
+        if size == 0 and any(not first for first, _ in parsed):
+            return None  # a suffix range of an empty file: the (empty) whole
+        raise Unsatisfiable(f"no range of {header[:100]!r} lies within the {size} bytes")
+    return satisfiable[0] if len(satisfiable) == 1 else None

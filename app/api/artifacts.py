@@ -6,7 +6,7 @@ import re
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Request, status
-from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse  # FileResponse: the schema only
 from starlette.concurrency import iterate_in_threadpool
 
 from app import jobs as service
@@ -68,25 +68,24 @@ def download_artifact(job_id: str, name: str, request: Request, session: Session
     session.close()  # the file may take minutes to send: its connection goes back to the pool now
     store = storage.store_for(artifact.path)
     try:
-        if isinstance(store, storage.LocalStore):
-            return FileResponse(store.path(artifact.path), media_type="application/octet-stream",
-                                headers={"Content-Disposition": content_disposition(artifact.name)})
-        return _s3_response(store, artifact.path, artifact.name, request)
+        return _file_response(store, artifact.path, artifact.name, request)
     except storage.ArtifactMissing:
         raise missing from None
     except storage.StoreUnavailable as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the artifact store is unavailable: {exc}") from None
 
 
-def _s3_response(store: storage.S3Store, location: str, filename: str, request: Request) -> Response:
-    """Stream an object, honouring one byte range as FileResponse does for local files."""
+def _file_response(store: storage.LocalStore | storage.S3Store, location: str, filename: str,
+                   request: Request) -> Response:
+    """The artifact, or the one byte range its `Range` header asks for (storage.parse_range), the
+    same way whichever store holds it: 200 whole, 206 with Content-Range, 416 when unsatisfiable."""
     size = store.size(location)
     headers = {"Accept-Ranges": "bytes", "Content-Disposition": content_disposition(filename)}
     try:
         byte_range = storage.parse_range(request.headers.get("range"), size)
-    except ValueError:
+    except storage.Unsatisfiable:
         return Response(status_code=status.HTTP_416_RANGE_NOT_SATISFIABLE,
-                        headers={"Content-Range": f"bytes */{size}"})
+                        headers={"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"})
     if byte_range is None:
         status_code, length = status.HTTP_200_OK, size
     else:
@@ -95,6 +94,6 @@ def _s3_response(store: storage.S3Store, location: str, filename: str, request: 
     headers["Content-Length"] = str(length)
     if request.method == "HEAD" or length == 0:
         return Response(status_code=status_code, headers=headers, media_type="application/octet-stream")
-    # botocore reads block: pull each chunk in the threadpool, not on the event loop.
+    # File and botocore reads block: pull each chunk in the threadpool, not on the event loop.
     body = iterate_in_threadpool(store.stream(location, byte_range))
     return StreamingResponse(body, status_code=status_code, headers=headers, media_type="application/octet-stream")

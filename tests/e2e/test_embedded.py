@@ -7,9 +7,24 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from app.client import TrainhubClient
 from app.demo import start_up
+from tests.e2e.conftest import wait_for
+
+
+def child_pid(parent: int, module: str) -> int | None:
+    """The pid of `parent`'s child running `python -m <module>`, or None."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    for pid in children:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if module.encode() in argv:
+            return int(pid)
+    return None
 
 
 def test_up_runs_jobs_of_both_frameworks_and_stops_cleanly(tmp_path, monkeypatch):
@@ -28,6 +43,15 @@ def test_up_runs_jobs_of_both_frameworks_and_stops_cleanly(tmp_path, monkeypatch
                 weights = client.download(job["id"], "weights.safetensors", tmp_path / job["id"])
                 listed = {a["name"]: a for a in job["artifacts"]}["weights.safetensors"]
                 assert hashlib.sha256(weights.read_bytes()).hexdigest() == listed["sha256"]
+
+            # A worker that dies (killed, out of memory) is restarted; the stack goes on.
+            worker_pid = child_pid(process.pid, "workers")
+            os.kill(worker_pid, signal.SIGKILL)
+            wait_for(lambda: child_pid(process.pid, "workers") not in (None, worker_pid), 30, "a new worker")
+            assert process.poll() is None
+            after = client.wait(client.submit({"framework": "pytorch", "dataset": {"name": "digits"}, "epochs": 1,
+                                               "batch_size": 64})["id"], timeout_s=180)
+            assert after["status"] == "succeeded", after["error"]
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(60) == 0

@@ -145,3 +145,44 @@ def test_the_comparison_check_reads_weights_from_the_store(stored):
     job_id, files = stored
     weights = load(storage.read_bytes(recorded_paths(job_id)["weights.safetensors"]))
     assert weights["layers.0.weight"].tolist() == np.arange(12, dtype=np.float32).reshape(3, 4).tolist()
+
+
+# RFC 9110 section 14: invalid syntax or another unit is ignored (200, the whole file); a valid
+# header none of whose ranges lies in the file is 416; several ranges may be answered whole.
+SIZE = 3 * (1 << 20) + 123
+
+
+@pytest.mark.parametrize("header,expected_status,expected_range", [
+    ("bytes=abc", 200, None),
+    ("bytes=5-4", 200, None),
+    ("bytes=x-5", 200, None),
+    ("bytes=-", 200, None),
+    ("bytes=1-2-3", 200, None),
+    ("items=0-1", 200, None),
+    ("bytes 0-1", 200, None),
+    ("BYTES=0-1", 206, (0, 1)),                   # the unit is case-insensitive
+    ("bytes=0-1, 5-9", 200, None),                # several ranges: the whole file
+    ("bytes=0-1, 99999999-", 206, (0, 1)),        # one of them satisfiable
+    (f"bytes={SIZE}-", 416, None),
+    (f"bytes={SIZE}-{SIZE + 5}, {SIZE + 10}-", 416, None),
+    ("bytes=-0", 416, None),
+    ("bytes=99999999999999999999999999999-", 416, None),
+    ("bytes=-99999999999999999999999999999", 206, (0, SIZE - 1)),
+])
+def test_range_headers_are_read_as_rfc_9110_says_by_both_stores(stored, api, auth, header, expected_status,
+                                                                 expected_range):
+    job_id, files = stored
+    data = files["big.bin"]
+    assert len(data) == SIZE
+    response = api.get(f"/jobs/{job_id}/artifacts/big.bin", headers={**auth, "Range": header})
+    assert response.status_code == expected_status, response.text
+    if expected_status == 416:
+        assert response.headers["content-range"] == f"bytes */{SIZE}"
+    elif expected_range is None:
+        assert response.content == data and "content-range" not in response.headers
+        assert response.headers["content-length"] == str(SIZE)
+    else:
+        start, end = expected_range
+        assert response.content == data[start:end + 1]
+        assert response.headers["content-range"] == f"bytes {start}-{end}/{SIZE}"
+        assert response.headers["content-length"] == str(end - start + 1)

@@ -70,6 +70,10 @@ def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
             return "superseded"
         return finish(job_id, attempt, JobStatus.FAILED, error={"type": stop.reason, "message": str(stop)})
     except Exception as exc:
+        if is_transient(exc):  # the database stayed away past db_retry_s: not the job's fault
+            log.warning("job %s: the database was unavailable for %s s; handing the job back", job_id,
+                        get_settings().db_retry_s)
+            return release(job_id, attempt)
         return finish(job_id, attempt, JobStatus.FAILED, error=user_error(job_id, exc))
 
 
@@ -208,8 +212,9 @@ def sha256_file(path: Path) -> str:
 
 
 def release(job_id: str, attempt: int) -> str:
-    """Put a job this worker stops on shutdown back in its queue (lifecycle.release); the next
-    attempt resumes from the last checkpoint. A cancel that came meanwhile ends it cancelled."""
+    """Put a job this worker stops (on shutdown, or after a database outage) back in its queue
+    (lifecycle.release); the next attempt resumes from the last checkpoint. A cancel that came
+    meanwhile ends it cancelled."""
     def attempt_release() -> JobStatus | None:
         with session_scope() as session:
             status = lifecycle.release(session, job_id, attempt)
@@ -218,7 +223,7 @@ def release(job_id: str, attempt: int) -> str:
             return status
 
     status = retrying(attempt_release)
-    log.info("job %s %s on shutdown", job_id, "released" if status == JobStatus.QUEUED else status)
+    log.info("job %s %s", job_id, "released" if status == JobStatus.QUEUED else status)
     return status or JobStatus.QUEUED
 
 

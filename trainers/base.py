@@ -104,11 +104,11 @@ class NanLoss(Exception):
 FINITE_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
 
 
-def check_finite(metrics: EpochMetrics) -> None:
-    """Raise NanLoss naming the first of the epoch's losses and accuracies that is NaN or infinite:
-    JSON (the database, metrics.json, the API) has no such numbers, and a model that produces
-    them has diverged."""
-    for name in FINITE_METRICS:
+def check_finite(metrics: EpochMetrics, names: tuple[str, ...] = FINITE_METRICS) -> None:
+    """Raise NanLoss naming the first of the epoch's metrics `names` (its losses and accuracies)
+    that is NaN or infinite: JSON (the database, metrics.json, the API) has no such numbers, and
+    a model that produces them has diverged."""
+    for name in names:
         value = getattr(metrics, name)
         if not math.isfinite(value):
             raise NanLoss(metrics.epoch, value, name)

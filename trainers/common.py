@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from trainers.base import EpochMetrics, check_finite, check_finite_weights
+from trainers.base import FINITE_METRICS, EpochMetrics, check_finite, check_finite_weights
 from trainers.spec import CONV_KERNEL, JobSpec, ModelSpec, OptimizerSpec
 
 Weights = dict[str, np.ndarray]
@@ -198,11 +198,12 @@ def epoch_batches(seed: int, epoch: int, n: int, batch_size: int) -> np.ndarray:
 def summarize_epoch(
     epoch: int, *, loss_sum: float, correct: float, steps: int, batch_size: int,
     test_loss: float, test_accuracy: float, epoch_time_s: float, eval_time_s: float,
-    learning_rate: float | None = None,
+    learning_rate: float | None = None, evaluated: bool = True,
 ) -> EpochMetrics:
     """An epoch's metrics from its sums over `steps` batches of `batch_size` examples.
 
-    Raises NanLoss when the training loss is not a finite number."""
+    Raises NanLoss when a loss or accuracy is not a finite number (the training ones only when
+    not `evaluated`: a data parallel rank other than 0 has no test metrics)."""
     metrics = EpochMetrics(
         epoch=epoch,
         train_loss=loss_sum / steps,
@@ -214,7 +215,7 @@ def summarize_epoch(
         samples_per_s=steps * batch_size / epoch_time_s,
         learning_rate=learning_rate,
     )
-    check_finite(metrics)
+    check_finite(metrics, FINITE_METRICS if evaluated else ("train_loss", "train_accuracy"))
     return metrics
 
 

@@ -176,7 +176,7 @@ def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop,
         epoch_metrics = summarize_epoch(
             epoch, loss_sum=train_loss, correct=train_correct, steps=steps, batch_size=batch_size, test_loss=test_loss,
             test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
-            learning_rate=learning_rate,
+            learning_rate=learning_rate, evaluated=world.rank == 0,
         )
         metrics.append(epoch_metrics)
         checkpoint_start = time.perf_counter()

@@ -41,7 +41,7 @@ class Fleet:
         self.workers: dict[str, subprocess.Popen] = {}
 
     def start_worker(self, label: str, *args: str) -> str:
-        """Start `trainhub worker ARGS`; its name (hostname:pid) once its heartbeat says it is online."""
+        """Start `trainhub worker ARGS`; its name (hostname:pid:instance) once its heartbeat says it is online."""
         process = self.service.start_worker(*args)
         self.workers[label] = process
         return wait_for(lambda: self.online_name(process.pid) or (process.poll() is not None and pytest.fail(
@@ -49,7 +49,7 @@ class Fleet:
 
     def online_name(self, pid: int) -> str | None:
         return next((w["name"] for w in self.client.workers()["workers"]
-                     if w["name"].endswith(f":{pid}") and w["online"]), None)
+                     if f":{pid}:" in w["name"] and w["online"]), None)
 
     def worker_row(self, name: str) -> dict:
         return next(w for w in self.client.workers()["workers"] if w["name"] == name)

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from app.client import FINISHED, ApiError, TrainhubClient
 from app.config import Settings, get_settings
+from app.status import JobStatus
 
 cli = typer.Typer(help="trainhub: training as a service for JAX and PyTorch.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -48,10 +49,11 @@ def up(
     Prints the URL and a new API key, then runs until interrupted (Ctrl-C stops everything). A
     child that dies (killed, out of memory) is restarted after a short backoff; `up` gives up
     only when one keeps failing at start."""
+    from sqlalchemy.orm import Session
+
     from app import stack
     from app.db import make_engine, migrate
     from app.keys import create_key
-    from sqlalchemy.orm import Session
 
     settings = Settings(var_dir=var_dir.resolve(), database_url=None, broker_url=None, artifact_dir=None)
     url = settings.resolved_database_url()
@@ -278,7 +280,7 @@ def submit(
         print(json.dumps(job, indent=2))
     else:
         print(job["id"])
-    if wait and job["status"] != "succeeded":
+    if wait and job["status"] != JobStatus.SUCCEEDED:
         raise typer.Exit(1)
 
 
@@ -383,10 +385,10 @@ def _clock(seconds: float) -> str:
 
 
 def print_result(job: dict) -> None:
-    if job["status"] == "succeeded":
+    if job["status"] == JobStatus.SUCCEEDED:
         console.print(f"[green]succeeded[/green]: test accuracy {job['result']['test_accuracy']:.4f}, "
                       f"test loss {job['result']['test_loss']:.4f}")
-    elif job["status"] == "failed":
+    elif job["status"] == JobStatus.FAILED:
         console.print(f"[red]failed[/red]: {job['error']['type']}: {job['error']['message']}")
     else:
         console.print(f"{job['status']}")
@@ -408,7 +410,7 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
                           f"{f' x{devices} devices' if devices > 1 else ''}, {spec['dataset']['name']}, "
                           f"{spec['epochs']} epochs, batch {spec['batch_size']}")
     table.add_row("progress", f"epoch {job['progress']['epoch']} of {job['progress']['epochs']}")
-    if (worker := job["worker"]) and job["status"] != "queued":  # (a released job's is its last attempt's)
+    if (worker := job["worker"]) and job["status"] != JobStatus.QUEUED:  # (a released job's is its last attempt's)
         table.add_row("worker", f"{worker['name']} on {', '.join(worker.get('devices', [])) or worker['hardware']}")
     if job["result"]:
         table.add_row("result", ", ".join(f"{k} {v:.4f}" for k, v in job["result"].items()))
@@ -428,7 +430,7 @@ def cancel(job_id: str, wait: Annotated[bool, typer.Option("--wait", help="wait 
     already succeeded or failed."""
     with client_from_settings() as client:
         job = call(client.cancel, job_id)
-        if job["status"] == "running":
+        if job["status"] == JobStatus.RUNNING:
             print(f"job {job['id']}: cancel requested; it stops after its current step", file=sys.stderr)
             if wait:
                 job = call(client.wait, job["id"])
@@ -443,7 +445,7 @@ def watch(job_id: str, as_json: Annotated[bool, typer.Option("--json", help="pri
         job = follow(client, job_id)
     if as_json:
         print(json.dumps(job, indent=2))
-    if job["status"] != "succeeded":
+    if job["status"] != JobStatus.SUCCEEDED:
         raise typer.Exit(1)
 
 
@@ -537,7 +539,7 @@ def compare(
         print(json.dumps(comparison, indent=2))
     else:
         Console().print(comparison_table(comparison))
-    if comparison["status"] != "succeeded":
+    if comparison["status"] != JobStatus.SUCCEEDED:
         error = comparison["error"] or {}
         fail(f"comparison {comparison['status']}: {error.get('type', '')}: {error.get('message', '')}")
 

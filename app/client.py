@@ -24,7 +24,9 @@ from urllib.parse import quote
 
 import httpx
 
-FINISHED = ("succeeded", "failed", "cancelled")
+from app.status import FINISHED as _FINISHED
+
+FINISHED = tuple(status.value for status in _FINISHED)
 
 
 def _segment(value: str) -> str:
@@ -98,7 +100,7 @@ class TrainhubClient:
     def close(self) -> None:
         self.http.close()
 
-    def __enter__(self) -> "TrainhubClient":
+    def __enter__(self) -> TrainhubClient:
         return self
 
     def __exit__(self, *exc) -> None:

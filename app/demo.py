@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from app.client import FINISHED, TrainhubClient
+from app.status import JobStatus
 
 console = Console()
 
@@ -55,9 +56,9 @@ def run_demo(epochs: int, dataset: str, var_dir: Path) -> int:
                                    "name": f"demo-{fw}"}) for fw in ("jax", "pytorch")]
             jobs = watch(client, [j["id"] for j in jobs])
             weights = {j["id"]: client.download(j["id"], "weights.safetensors", var_dir / "demo" / j["spec"]["framework"])
-                       for j in jobs if j["status"] == "succeeded"}
+                       for j in jobs if j["status"] == JobStatus.SUCCEEDED}
         console.print(side_by_side(jobs, weights))
-        ok = all(j["status"] == "succeeded" for j in jobs)
+        ok = all(j["status"] == JobStatus.SUCCEEDED for j in jobs)
         for job in jobs:
             if job["error"]:
                 console.print(f"[red]{job['spec']['framework']} failed[/red]: {job['error']['type']}: {job['error']['message']}")
@@ -72,7 +73,7 @@ def watch(client: TrainhubClient, job_ids: list[str]) -> list[dict]:
     """Progress bars for the jobs until all have ended; the final Jobs."""
     with Progress(TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), console=console) as progress:
-        tasks = {job_id: progress.add_task(job_id, total=None, info="queued") for job_id in job_ids}
+        tasks = {job_id: progress.add_task(job_id, total=None, info=JobStatus.QUEUED.value) for job_id in job_ids}
         while True:
             jobs = [client.get(job_id) for job_id in job_ids]
             for job in jobs:

@@ -31,10 +31,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app import jobs
+from app import jobs, rendering
 from app.db import session_scope
 from app.models import EpochMetric, Job, aware
 from app.schemas import FINISHED
+from app.status import JobStatus
 
 # How often a stream looks at the database (seconds): an epoch appears at most this late.
 POLL_S = 0.5
@@ -99,16 +100,16 @@ def parse_last_event_id(value: str | None) -> int:
 
 def events_after(state: JobState, metrics: list[dict], last_id: int) -> list[Event]:
     """The job's events numbered above `last_id`, in order, from its row and the metrics rows
-    read after it (`metrics`: dicts of app.jobs.metric_dict, any epochs; those at or below
+    read after it (`metrics`: dicts of app.rendering.metric, any epochs; those at or below
     `last_id` are skipped). The same stored rows always give the same events."""
     events = []
     if last_id < 0:
-        events.append(Event(0, "status", {"status": "queued", "at": _iso(state.created_at),
+        events.append(Event(0, "status", {"status": JobStatus.QUEUED.value, "at": _iso(state.created_at),
                                           "progress": {"epoch": 0, "epochs": state.epochs}}))
     # A job a lost worker left goes back to queued with started_at kept: it did run, and its
     # later epochs follow this event; the "waiting" hint says it waits again.
     if last_id < 1 and state.started_at is not None:
-        events.append(Event(1, "status", {"status": "running", "at": _iso(state.started_at),
+        events.append(Event(1, "status", {"status": JobStatus.RUNNING.value, "at": _iso(state.started_at),
                                           "progress": {"epoch": 0, "epochs": state.epochs},
                                           "attempts": state.attempts}))
     for metric in sorted(metrics, key=lambda m: m["epoch"]):
@@ -139,7 +140,7 @@ def read_metrics(session: Session, job_id: str, after_epoch: int) -> list[dict]:
         select(EpochMetric).where(EpochMetric.job_id == job_id, EpochMetric.epoch > after_epoch)
         .order_by(EpochMetric.epoch)
     )
-    return [jobs.metric_dict(m) for m in rows]
+    return [rendering.metric(m) for m in rows]
 
 
 def current_waiting_reason(session: Session, state: JobState) -> str | None:
@@ -158,7 +159,7 @@ def poll(job_id: str, last_id: int, want_reason: bool) -> tuple[JobState | None,
         if state is None:
             return None, [], None
         metrics = read_metrics(session, job_id, after_epoch=max(last_id - 1, 0)) if state.started_at else []
-        reason = current_waiting_reason(session, state) if want_reason and state.status == "queued" else None
+        reason = current_waiting_reason(session, state) if want_reason and state.status == JobStatus.QUEUED else None
         return state, metrics, reason
 
 
@@ -191,10 +192,10 @@ async def stream(job_id: str, last_id: int) -> AsyncIterator[str]:
             last_id, last_write = event.id, time.monotonic()
         if state.status in FINISHED:
             return
-        if (want_reason and state.status == "queued" and new_reason != reason) or (
-                state.status != "queued" and reason is not None):
+        if (want_reason and state.status == JobStatus.QUEUED and new_reason != reason) or (
+                state.status != JobStatus.QUEUED and reason is not None):
             # the reason changed, or the job left the queue (null: it no longer waits)
-            reason, last_write = (new_reason if state.status == "queued" else None), time.monotonic()
+            reason, last_write = (new_reason if state.status == JobStatus.QUEUED else None), time.monotonic()
             yield Event(None, "waiting", {"waiting_reason": reason}).encode()
         if time.monotonic() - last_write >= KEEPALIVE_S:
             last_write = time.monotonic()

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session
 from app.config import get_settings
 from app.models import Job, Worker, aware, utcnow
 from app.queue import queue_name
+from app.status import JobStatus
+from trainers.spec import FRAMEWORKS, HARDWARE
 
-HARDWARE = ("cpu", "gpu", "tpu")
-FRAMEWORKS = ("jax", "pytorch")
 KNOWN_QUEUES = tuple(f"{hardware}.{framework}" for hardware in HARDWARE for framework in FRAMEWORKS)
 # Workers whose last heartbeat is older than this are left out of listings (a restarted worker
 # gets a new name, so old rows pile up).
@@ -48,7 +48,7 @@ def queue_depths(session: Session) -> dict[str, int]:
     """Queued jobs per queue (`Job.queue`), every known one-device queue included (0 when empty)."""
     depths = dict.fromkeys(KNOWN_QUEUES, 0)
     rows = session.execute(
-        select(Job.hardware, Job.framework, Job.devices, func.count()).where(Job.status == "queued")
+        select(Job.hardware, Job.framework, Job.devices, func.count()).where(Job.status == JobStatus.QUEUED)
         .group_by(Job.hardware, Job.framework, Job.devices)
     )
     for hardware, framework, devices, count in rows:

@@ -1,4 +1,6 @@
-"""Job logic behind the routers: create, page, cancel, and render a row as the HTTP `Job`."""
+"""Job queries behind the routers: create, find, page, cancel; queue positions and waiting reasons.
+
+Rows become HTTP answers in app/rendering.py; their transitions live in app/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import time
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
@@ -18,10 +20,9 @@ from sqlalchemy.orm.attributes import set_committed_value
 from app import lifecycle, limits, queue
 from app.config import get_settings
 from app.keys import Caller
-from app.lifecycle import JobStatus
 from app.models import Job, Worker, utcnow
 from app.schemas import JobSpec
-from app.schemas import Job as JobOut
+from app.status import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +90,6 @@ def new_job(owner: Caller, spec: JobSpec, idempotency_key: str | None = None) ->
     )
 
 
-# Built once: every POST /jobs runs it. On the table, so the ORM looks for no object to update.
-_STAMP_ENQUEUED = update(Job.__table__).where(Job.__table__.c.id == bindparam("job_id")).values(
-    enqueued_at=bindparam("now"))
-
-
 def enqueue(session: Session, job: Job) -> bool:
     """Send a committed job's id to its queue and stamp `enqueued_at`. A broker error is logged
     and the job stays queued with no stamp; the workers' reconciler sends it later."""
@@ -104,10 +100,7 @@ def enqueue(session: Session, job: Job) -> bool:
         return False
     now = utcnow()
     try:
-        if not session.in_transaction():  # the stamp alone: one round trip, without BEGIN and COMMIT
-            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-        session.execute(_STAMP_ENQUEUED, {"job_id": job.id, "now": now})
-        session.commit()
+        lifecycle.stamp_enqueued(session, job.id, now)
     except SQLAlchemyError:  # e.g. no free connection: the id is sent all the same
         session.rollback()
         log.warning("job %s was sent to %s but not stamped; the reconciler sends it again (harmless)",
@@ -133,7 +126,7 @@ def canonical_id(value: str) -> str | None:
         return None
 
 
-# One job's metrics and artifacts are read when used (to_schema skips them for a job no worker
+# One job's metrics and artifacts are read when used (rendering.job skips them for a job no worker
 # has started), not with the row as for a page of jobs.
 _ON_FIRST_USE = (lazyload(Job.metrics), lazyload(Job.artifacts))
 
@@ -294,54 +287,3 @@ def queue_position(session: Session, job: Job) -> int | None:
         "created_at": job.created_at, "id": job.id or "",  # a job not yet stored has no id: no tie
     })
     return ahead + 1
-
-
-def to_schema(session: Session, job: Job, base_url: str, served: set[str] | None = None,
-              position: int | None = None) -> JobOut:
-    """Render a row as the HTTP Job; `base_url` prefixes artifact URLs. `served` (online_queues)
-    and `position` (queue_position): when the caller has them already (read here otherwise)."""
-    if served is None:
-        served = online_queues(session) if job.status == JobStatus.QUEUED else set()
-    url = base_url.rstrip("/")
-    if position is None:
-        position = queue_position(session, job)
-    started = job.started_at is not None  # metrics and artifacts come from a worker running the job
-    return JobOut.model_validate(
-        {
-            "id": job.id,
-            "status": job.status,
-            "spec": job.spec,
-            "created_at": job.created_at,
-            "started_at": job.started_at,
-            "finished_at": job.finished_at,
-            "waiting_reason": waiting_reason(session, job, served, position),
-            "queue_position": position,
-            "attempts": job.attempts,
-            "progress": {"epoch": job.epoch, "epochs": job.epochs},
-            "metrics": [metric_dict(m) for m in job.metrics] if started else [],
-            "timings": job.timings,
-            "result": job.result,
-            "error": job.error,
-            "artifacts": [artifact_dict(a, f"{url}/jobs/{job.id}/artifacts/{a.name}") for a in job.artifacts]
-                         if started else [],
-            "worker": job.worker,
-        }
-    )
-
-
-def metric_dict(metric) -> dict:
-    return {
-        "epoch": metric.epoch,
-        "train_loss": metric.train_loss,
-        "train_accuracy": metric.train_accuracy,
-        "test_loss": metric.test_loss,
-        "test_accuracy": metric.test_accuracy,
-        "epoch_time_s": metric.epoch_time_s,
-        "eval_time_s": metric.eval_time_s,
-        "samples_per_s": metric.samples_per_s,
-        "learning_rate": metric.learning_rate,
-    }
-
-
-def artifact_dict(artifact, url: str) -> dict:
-    return {"name": artifact.name, "size_bytes": artifact.size_bytes, "sha256": artifact.sha256, "url": url}

@@ -17,6 +17,7 @@ moved on without it (the reconciler handed the job to another worker), they no l
 | requeue_lost   | running               | queued                           | reconciler  | running, the attempt seen   |
 | fail_lost      | running               | failed (worker_lost)             | reconciler  | running, the attempt seen   |
 | cancel_lost    | running (cancel asked)| cancelled                        | reconciler  | running, the attempt seen   |
+| stamp_enqueued | queued                | queued (enqueued_at = now)       | API, worker | (no status change)          |
 
 Each function executes its statement on the caller's session and commits; it returns whether
 (or how) the row changed, so the caller knows whether it won.
@@ -25,24 +26,15 @@ Each function executes its statement on the caller's session and commits; it ret
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 
-from sqlalchemy import case, update
+from sqlalchemy import bindparam, case, update
 from sqlalchemy.orm import Session
 
 from app.models import Job, utcnow
+from app.status import ACTIVE, FINISHED, JobStatus
 
-
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
-ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+__all__ = ["ACTIVE", "FINISHED", "JobStatus", "claim", "record_epoch", "finish", "release", "cancel",
+           "requeue_lost", "fail_lost", "cancel_lost", "stamp_enqueued"]
 
 
 def _fence(job_id: str, attempt: int):
@@ -139,3 +131,18 @@ def cancel_lost(session: Session, job_id: str, attempt: int) -> bool:
         status=JobStatus.CANCELLED, finished_at=utcnow()))
     session.commit()
     return moved.rowcount == 1
+
+
+# Built once: every POST /jobs runs it. On the table, so the ORM looks for no object to update.
+_STAMP_ENQUEUED = update(Job.__table__).where(Job.__table__.c.id == bindparam("job_id")).values(
+    enqueued_at=bindparam("now"))
+
+
+def stamp_enqueued(session: Session, job_id: str, now: datetime) -> None:
+    """Record that the job's id was handed to the broker at `now` (the reconciler trusts the stamp:
+    a queued job without one is sent again). Commits; a session outside a transaction sends the
+    UPDATE alone, in autocommit, without BEGIN and COMMIT round trips."""
+    if not session.in_transaction():
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    session.execute(_STAMP_ENQUEUED, {"job_id": job_id, "now": now})
+    session.commit()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.orm import Session
@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from app.config import Settings, get_settings
 from app.keys import Caller
 from app.models import ApiKey, Job, utcnow
+from app.status import JobStatus
 from trainers.spec import TrainingSpec, parameter_count
 
 RATE_WINDOW_S = 60.0
@@ -125,7 +126,7 @@ def apply_limits(spec: TrainingSpec, settings: Settings | None = None) -> Traini
 
 
 # Built once: every POST /jobs runs them, and building a statement costs more than running it.
-_QUEUED = Job.status == "queued"
+_QUEUED = Job.status == JobStatus.QUEUED.value
 _RECENT = Job.created_at > bindparam("since")
 # FOR NO KEY UPDATE: it excludes the other requests' quota locks but not the KEY SHARE lock each
 # INSERT of a job takes on its key (the foreign key check), which FOR UPDATE would deadlock with.
@@ -190,5 +191,5 @@ def seconds_until_freed(session: Session, owner: Caller, since: datetime, now: d
     if oldest is None:  # rows deleted since they were counted
         return 1
     if oldest.tzinfo is None:  # SQLite keeps no time zone; every stored time is UTC
-        oldest = oldest.replace(tzinfo=timezone.utc)
+        oldest = oldest.replace(tzinfo=UTC)
     return max(1, math.ceil((oldest + timedelta(seconds=RATE_WINDOW_S) - now).total_seconds()))

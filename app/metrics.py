@@ -25,8 +25,9 @@ from app import heartbeats
 from app.db import session_scope
 from app.models import EpochMetric, Job
 from app.schemas import FINISHED
+from app.status import JobStatus
 
-STATUSES = ("queued", "running", *FINISHED)
+STATUSES = tuple(status.value for status in JobStatus)
 # Upper bounds in seconds: a job takes seconds (digits on a CPU) to days; an epoch, from tens
 # of milliseconds (digits) to minutes.
 JOB_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 7 * 24 * 3600)

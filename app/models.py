@@ -6,23 +6,35 @@ The job row is the source of truth for a job; the broker only carries its id.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy import false as sql_false
-from sqlalchemy import text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from app.queue import queue_name
+from app.status import JobStatus
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def aware(moment: datetime) -> datetime:
     """`moment` with its UTC zone: SQLite hands back naive datetimes (every stored one is UTC)."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def new_id() -> str:
@@ -58,7 +70,7 @@ class Job(Base):
     # No index of its own: the indexes below that start with owner_id serve it (migration 0009,
     # which also gives the table fillfactor 85 on PostgreSQL, for HOT updates).
     owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
-    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value, index=True)
     framework: Mapped[str] = mapped_column(String(16))
     hardware: Mapped[str] = mapped_column(String(16))
     # Data parallel over this many devices of `hardware` (spec.devices); only a worker that owns

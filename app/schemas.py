@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from trainers.spec import ComparisonSpec, JobSpec
-
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-FINISHED = ("succeeded", "failed", "cancelled")
+from app.lifecycle import FINISHED, JobStatus
+from trainers.spec import ComparisonSpec, Framework, JobSpec
 
 __all__ = ["ComparisonSpec", "Comparison", "JobSpec", "Job", "JobPage", "ArtifactInfo", "EpochMetrics", "JobStatus", "FINISHED"]
 
@@ -86,7 +83,7 @@ class ComparisonRow(BaseModel):
 
 
 class ComparisonError(BaseModel):
-    framework: Literal["jax", "pytorch"] | None
+    framework: Framework | None
     type: str
     message: str
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import httpx
 
-
 # How long the API gives open event streams and downloads to end when stopped (seconds).
 API_SHUTDOWN_TIMEOUT_S = 3
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable
 
 from trainers.spec import JobSpec
 
@@ -34,6 +34,11 @@ class EpochMetrics:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# The one list of an epoch's metric names: the database columns, the HTTP schema and the events
+# follow it.
+METRIC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EpochMetrics))
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from safetensors.numpy import load_file, save_file

@@ -8,8 +8,9 @@ flax names the Dense layers `layers_0`, `layers_1`, ... with `kernel` [in, out] 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax

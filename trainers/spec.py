@@ -10,13 +10,16 @@ batch size 128, 10 epochs, seed 0.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Framework = Literal["jax", "pytorch"]
 Hardware = Literal["cpu", "gpu", "tpu"]
 DatasetName = Literal["mnist", "fashion-mnist", "digits", "synthetic"]
+# The one list of each, used by the API, the workers, the CLI and the dashboard.
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
+HARDWARE: tuple[str, ...] = get_args(Hardware)
 
 MAX_EPOCHS = 1000
 MAX_BATCH_SIZE = 65536
@@ -72,7 +75,7 @@ class ModelSpec(_Strict):
     batch_norm: bool = _new(False, description="Batch norm after each hidden layer, before its ReLU.")
 
     @model_validator(mode="after")
-    def _channels_for_cnn(self) -> "ModelSpec":
+    def _channels_for_cnn(self) -> ModelSpec:
         if self.name == "mlp" and "channels" in self.model_fields_set:
             raise ValueError("channels is for model cnn only; remove it or set model.name to cnn")
         return self
@@ -122,7 +125,7 @@ class OptimizerSpec(_Strict):
     warmup_epochs: Annotated[int, Field(ge=0, le=MAX_EPOCHS)] = _new(0, description="warmup_cosine only.")
 
     @model_validator(mode="after")
-    def _options_fit_the_optimizer(self) -> "OptimizerSpec":
+    def _options_fit_the_optimizer(self) -> OptimizerSpec:
         if self.name != "sgd" and (self.momentum or self.nesterov):
             raise ValueError(f"momentum and nesterov are for optimizer sgd, not {self.name}")
         if self.nesterov and not self.momentum:
@@ -183,7 +186,7 @@ class TrainingSpec(_Strict):
     )
 
     @model_validator(mode="after")
-    def _model_fits(self) -> "TrainingSpec":
+    def _model_fits(self) -> TrainingSpec:
         if (count := parameter_count(self)) > MAX_PARAMETERS:
             raise ValueError(
                 f"model.hidden_sizes gives {count:,} parameters, more than the limit of {MAX_PARAMETERS:,}; "
@@ -192,7 +195,7 @@ class TrainingSpec(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _options_fit_together(self) -> "TrainingSpec":
+    def _options_fit_together(self) -> TrainingSpec:
         if self.model.name == "cnn" and conv_output_side(self) < 1:
             raise ValueError(
                 f"model.channels has {len(self.model.channels)} conv layers, each halving the "
@@ -214,7 +217,7 @@ class TrainingSpec(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _batch_fits_training_set(self) -> "TrainingSpec":
+    def _batch_fits_training_set(self) -> TrainingSpec:
         n = train_size(self.dataset)
         if self.batch_size > n:
             raise ValueError(
@@ -240,7 +243,7 @@ class JobSpec(TrainingSpec):
     )
 
     @model_validator(mode="after")
-    def _compile_where_supported(self) -> "JobSpec":
+    def _compile_where_supported(self) -> JobSpec:
         if self.compile and self.framework == "pytorch" and self.hardware == "tpu":
             raise ValueError(
                 "compile is not available for PyTorch on tpu: torch_xla compiles every step "
@@ -298,7 +301,7 @@ class ComparisonSpec(TrainingSpec):
         return value
 
     @model_validator(mode="after")
-    def _pytorch_can_run_it(self) -> "ComparisonSpec":
+    def _pytorch_can_run_it(self) -> ComparisonSpec:
         _check_ddp(self)
         return self
 

@@ -6,10 +6,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Sequence
-
 import math
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch

@@ -20,7 +20,12 @@ import torch.nn.functional as F
 from trainers import torch_checkpoint
 from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop
 from trainers.common import (
-    epoch_batches, fit_timings, init_weights, learning_rate_at, summarize_epoch, write_common_artifacts,
+    epoch_batches,
+    fit_timings,
+    init_weights,
+    learning_rate_at,
+    summarize_epoch,
+    write_common_artifacts,
 )
 from trainers.data import load_dataset
 from trainers.spec import JobSpec

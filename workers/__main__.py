@@ -14,12 +14,13 @@ import os
 import signal
 import sys
 
-from workers.hardware import FRAMEWORKS, detect, pin
+from trainers.spec import FRAMEWORKS, HARDWARE
+from workers.hardware import detect, pin
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="trainhub worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--hardware", choices=["cpu", "gpu", "tpu"], default="cpu")
+    parser.add_argument("--hardware", choices=list(HARDWARE), default="cpu")
     parser.add_argument("--devices", type=lambda s: [int(d) for d in s.split(",") if d != ""], default=None,
                         help="device indices to pin to, e.g. 0,1 (cpu: core numbers)")
     parser.add_argument("--cpu-devices", type=int, default=1,

@@ -10,6 +10,7 @@ from sqlalchemy import or_, select, update
 from app import storage
 from app.db import session_scope
 from app.models import Comparison, Job
+from app.status import JobStatus
 from trainers import parity
 from trainers.data import load_dataset
 from trainers.spec import ComparisonSpec
@@ -28,7 +29,7 @@ def settle(job_id: str) -> None:
         if comparison is None or comparison.parity is not None:
             return
         sides = (comparison.jax_job, comparison.pytorch_job)
-        if any(job.status != "succeeded" for job in sides):
+        if any(job.status != JobStatus.SUCCEEDED for job in sides):
             return
         spec = ComparisonSpec.model_validate(comparison.spec)
         runs = [_run(job) for job in sides]

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 from app.queue import queues_served
 
-FRAMEWORKS = ("jax", "pytorch")
-
 
 def pin(hardware: str, devices: list[int] | None, cpu_devices: int = 1) -> None:
     """Restrict this process to `devices` of `hardware` (all when None). On cpu, `cpu_devices`

@@ -61,7 +61,7 @@ def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
     try:
         return train(job_id, attempt, claimed_at, worker)
     except trainers.StopTraining as stop:
-        if stop.reason == "cancelled":
+        if stop.reason == JobStatus.CANCELLED:
             return finish(job_id, attempt, JobStatus.CANCELLED)
         if stop.reason == "shutdown":
             return release(job_id, attempt)
@@ -176,7 +176,7 @@ class JobHooks:
         self.last_poll = now
         row = retrying(self._read_flags)
         if row.cancel_requested:
-            raise trainers.StopTraining("cancelled", "cancelled by the user")
+            raise trainers.StopTraining(JobStatus.CANCELLED, "cancelled by the user")
         if row.status != JobStatus.RUNNING or row.attempts != self.attempt:
             raise trainers.StopTraining("superseded", "the job was handed to another worker")
 

@@ -9,8 +9,7 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import FileResponse, Response, StreamingResponse  # FileResponse: the schema only
 from starlette.concurrency import iterate_in_threadpool
 
-from app import jobs as service
-from app import storage
+from app import rendering, storage
 from app.api import json_response
 from app.api.jobs import owned_job
 from app.deps import CurrentUser, SessionDep
@@ -44,7 +43,7 @@ def list_artifacts(job_id: str, request: Request, session: SessionDep, user: Cur
     """The job's files with their size in bytes, sha256 and download URL."""
     job = owned_job(session, user, job_id)
     base = str(request.base_url).rstrip("/")
-    return json_response([ArtifactInfo(**service.artifact_dict(a, f"{base}/jobs/{job.id}/artifacts/{a.name}"))
+    return json_response([ArtifactInfo(**rendering.artifact(a, f"{base}/jobs/{job.id}/artifacts/{a.name}"))
                           for a in job.artifacts])
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from app import comparisons as service
-from app import jobs, limits
+from app import limits, rendering
 from app.api import json_response
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
@@ -25,21 +25,7 @@ def owned_comparison(session: SessionDep, user: CurrentUser, comparison_id: str)
 
 
 def render(session: SessionDep, comparison: ComparisonRow, request: Request) -> Comparison:
-    state, error = service.status_and_error(comparison)
-    base_url = str(request.base_url)
-    served = jobs.online_queues(session)
-    return Comparison(
-        id=comparison.id,
-        status=state,
-        spec=comparison.spec,
-        created_at=comparison.created_at,
-        jobs={fw: jobs.to_schema(session, job, base_url, served)
-              for fw, job in (("jax", comparison.jax_job), ("pytorch", comparison.pytorch_job))},
-        table=service.table(comparison) if state == "succeeded" else None,
-        parity=comparison.parity,
-        error=error,
-        overlap_s=service.overlap_s(comparison),
-    )
+    return rendering.comparison(session, comparison, str(request.base_url))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison, responses=responses(429))

@@ -11,10 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Path as PathParam, Query, Request
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+
+from app.lifecycle import JobStatus
+from trainers.spec import FRAMEWORKS, HARDWARE
 
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
 templates = Jinja2Templates(directory=DASHBOARD_DIR / "templates")
@@ -38,8 +42,7 @@ def page(request: Request, template: str, **context) -> HTMLResponse:
     return templates.TemplateResponse(request, template, context, headers=SECURITY_HEADERS)
 
 
-CHOICES = {"status": ["queued", "running", "succeeded", "failed", "cancelled"],
-           "framework": ["jax", "pytorch"], "hardware": ["cpu", "gpu", "tpu"]}
+CHOICES = {"status": [status.value for status in JobStatus], "framework": list(FRAMEWORKS), "hardware": list(HARDWARE)}
 Filter = Annotated[str | None, Query(max_length=20)]
 
 

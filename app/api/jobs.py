@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 
 from app import jobs as service
-from app import limits
+from app import limits, rendering
 from app.api import json_response
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
 from app.models import Job as JobRow
 from app.schemas import EpochMetrics, Job, JobPage, JobSpec, JobStatus
+from trainers.spec import Framework, Hardware
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=responses(401, 404, 413, 503))
 
@@ -49,7 +50,7 @@ def create_job(
             status.HTTP_409_CONFLICT,
             "Idempotency-Key was already used with a different job spec; use a new key for a new job",
         )
-    return json_response(service.to_schema(session, job, str(request.base_url), position=position),
+    return json_response(rendering.job(session, job, str(request.base_url), position=position),
                          status.HTTP_201_CREATED, headers={"Location": f"/jobs/{job.id}"})
 
 
@@ -59,8 +60,8 @@ def list_jobs(
     session: SessionDep,
     user: CurrentUser,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
-    framework: Literal["jax", "pytorch"] | None = None,
-    hardware: Literal["cpu", "gpu", "tpu"] | None = None,
+    framework: Framework | None = None,
+    hardware: Hardware | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
 ) -> Response:
@@ -75,14 +76,14 @@ def list_jobs(
         ])
     served = service.online_queues(session)
     base_url = str(request.base_url)
-    return json_response(JobPage(items=[service.to_schema(session, j, base_url, served) for j in page],
+    return json_response(JobPage(items=[rendering.job(session, j, base_url, served) for j in page],
                                  next_cursor=next_cursor))
 
 
 @router.get("/{job_id}", response_model=Job)
 def read_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """One job: status, progress, metrics, timings, result, error and artifacts."""
-    return json_response(service.to_schema(session, owned_job(session, user, job_id), str(request.base_url)))
+    return json_response(rendering.job(session, owned_job(session, user, job_id), str(request.base_url)))
 
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses=responses(409))
@@ -94,10 +95,10 @@ def cancel_job(job_id: str, request: Request, session: SessionDep, user: Current
         job = service.cancel_job(session, job)
     except service.CannotCancel as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {exc}; only queued or running jobs can be cancelled")
-    return json_response(service.to_schema(session, job, str(request.base_url)), status.HTTP_202_ACCEPTED)
+    return json_response(rendering.job(session, job, str(request.base_url)), status.HTTP_202_ACCEPTED)
 
 
 @router.get("/{job_id}/metrics", response_model=list[EpochMetrics])
 def read_metrics(job_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """Per-epoch metrics so far, in epoch order."""
-    return json_response([EpochMetrics(**service.metric_dict(m)) for m in owned_job(session, user, job_id).metrics])
+    return json_response([EpochMetrics(**rendering.metric(m)) for m in owned_job(session, user, job_id).metrics])

@@ -11,6 +11,7 @@ from app.deps import CurrentUser, SessionDep
 from app.errors import responses
 from app.models import Job
 from app.schemas import QueueDepth, Worker, WorkerList
+from app.status import JobStatus
 
 router = APIRouter(prefix="/workers", tags=["workers"], responses=responses(401, 503))
 
@@ -26,7 +27,7 @@ def list_workers(session: SessionDep, user: CurrentUser) -> Response:
     # A heartbeat is up to heartbeat_s old: a job it names counts only while its row says running.
     current = {w.current_job_id for w in workers if w.current_job_id}
     running = dict(session.execute(
-        select(Job.id, Job.owner_id).where(Job.id.in_(current), Job.status == "running")).all()) if current else {}
+        select(Job.id, Job.owner_id).where(Job.id.in_(current), Job.status == JobStatus.RUNNING)).all()) if current else {}
     online = [w for w in workers if heartbeats.is_online(w, since)]
     depths = heartbeats.queue_depths(session)
     serving = heartbeats.workers_per_queue(online)

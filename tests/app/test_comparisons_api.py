@@ -70,7 +70,7 @@ def test_comparisons_are_private(api, auth, make_key):
 
 
 def test_the_tables_samples_per_s_is_the_median_of_epochs_2_to_n():
-    from app.comparisons import _values
+    from app.rendering import _values
     from app.models import EpochMetric
 
     job = Job(timings={}, result={}, metrics=[EpochMetric(epoch=e, samples_per_s=rate)
@@ -93,7 +93,7 @@ def test_the_compare_title_names_the_model():
 def test_overlap_is_how_long_both_jobs_ran_at_once():
     from datetime import datetime, timedelta, timezone
 
-    from app.comparisons import overlap_s
+    from app.rendering import overlap_s
     from app.models import Comparison
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

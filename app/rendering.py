@@ -1,0 +1,141 @@
+"""Rows as HTTP answers: a job (with its waiting reason and queue position), its metrics and
+artifacts, and a comparison (its status, side-by-side table and parity), built on app/schemas.py."""
+
+from __future__ import annotations
+
+import statistics
+
+from sqlalchemy.orm import Session
+
+from app import jobs
+from app.lifecycle import JobStatus
+from app.models import Artifact, Comparison, EpochMetric, Job, aware, utcnow
+from app.schemas import Comparison as ComparisonOut
+from app.schemas import Job as JobOut
+from trainers.base import METRIC_FIELDS
+from trainers.spec import ComparisonSpec, parameter_count
+
+# The side-by-side table's rows. Times in seconds; samples_per_s is the median over the epochs
+# after the first, like steady_epoch_s.
+TABLE_ROWS = ("parameters", "compile_s", "first_epoch_s", "steady_epoch_s", "samples_per_s",
+              "test_accuracy", "test_loss")
+
+
+def job(session: Session, row: Job, base_url: str, served: set[str] | None = None,
+        position: int | None = None) -> JobOut:
+    """Render a row as the HTTP Job; `base_url` prefixes artifact URLs. `served` (online_queues)
+    and `position` (queue_position): when the caller has them already (read here otherwise)."""
+    if served is None:
+        served = jobs.online_queues(session) if row.status == JobStatus.QUEUED else set()
+    url = base_url.rstrip("/")
+    if position is None:
+        position = jobs.queue_position(session, row)
+    started = row.started_at is not None  # metrics and artifacts come from a worker running the job
+    return JobOut.model_validate(
+        {
+            "id": row.id,
+            "status": row.status,
+            "spec": row.spec,
+            "created_at": row.created_at,
+            "started_at": row.started_at,
+            "finished_at": row.finished_at,
+            "waiting_reason": jobs.waiting_reason(session, row, served, position),
+            "queue_position": position,
+            "attempts": row.attempts,
+            "progress": {"epoch": row.epoch, "epochs": row.epochs},
+            "metrics": [metric(m) for m in row.metrics] if started else [],
+            "timings": row.timings,
+            "result": row.result,
+            "error": row.error,
+            "artifacts": [artifact(a, f"{url}/jobs/{row.id}/artifacts/{a.name}") for a in row.artifacts]
+                         if started else [],
+            "worker": row.worker,
+        }
+    )
+
+
+def metric(row: EpochMetric) -> dict:
+    """An epoch's metrics row as the HTTP EpochMetrics: its METRIC_FIELDS."""
+    return {name: getattr(row, name) for name in METRIC_FIELDS}
+
+
+def artifact(artifact: Artifact, url: str) -> dict:
+    return {"name": artifact.name, "size_bytes": artifact.size_bytes, "sha256": artifact.sha256, "url": url}
+
+
+def comparison(session: Session, row: Comparison, base_url: str) -> ComparisonOut:
+    """A comparison with both jobs, its status and error, the table once both succeeded, the parity
+    check and how long the two jobs overlapped."""
+    state, error = comparison_status(row)
+    served = jobs.online_queues(session)
+    return ComparisonOut(
+        id=row.id,
+        status=state,
+        spec=row.spec,
+        created_at=row.created_at,
+        jobs={fw: job(session, side, base_url, served)
+              for fw, side in (("jax", row.jax_job), ("pytorch", row.pytorch_job))},
+        table=comparison_table(row) if state == JobStatus.SUCCEEDED else None,
+        parity=row.parity,
+        error=error,
+        overlap_s=overlap_s(row),
+    )
+
+
+def comparison_status(comparison: Comparison) -> tuple[JobStatus, dict | None]:
+    """The comparison's status, and the error that ended it (a side's, or the parity check's)."""
+    sides = {"jax": comparison.jax_job, "pytorch": comparison.pytorch_job}
+    for framework, job in sides.items():
+        if job.status == JobStatus.FAILED:
+            return JobStatus.FAILED, {"framework": framework, **(job.error or {"type": "failed", "message": ""})}
+    if any(job.status == JobStatus.CANCELLED for job in sides.values()):
+        return JobStatus.CANCELLED, None
+    if all(job.status == JobStatus.SUCCEEDED for job in sides.values()):
+        if comparison.parity is None:
+            return JobStatus.RUNNING, None  # the parity check is being computed
+        if not comparison.parity["passed"]:
+            return JobStatus.FAILED, {"framework": None, "type": "parity_mismatch", "message": comparison.parity["message"]}
+        return JobStatus.SUCCEEDED, None
+    if all(job.status == JobStatus.QUEUED for job in sides.values()):
+        return JobStatus.QUEUED, None
+    return JobStatus.RUNNING, None
+
+
+def overlap_s(comparison: Comparison) -> float | None:
+    """Seconds both jobs were running at once (started to finished, or to now for one still
+    running); None until both have started."""
+    jax_job, torch_job = comparison.jax_job, comparison.pytorch_job
+    if jax_job.started_at is None or torch_job.started_at is None:
+        return None
+    now = utcnow()
+    start = max(aware(jax_job.started_at), aware(torch_job.started_at))
+    end = min(aware(jax_job.finished_at or now), aware(torch_job.finished_at or now))
+    return max(0.0, (end - start).total_seconds())
+
+
+def comparison_table(comparison: Comparison) -> list[dict]:
+    """The side-by-side rows: {"metric", "jax", "pytorch", "ratio"} with ratio = jax / pytorch."""
+    spec = ComparisonSpec.model_validate(comparison.spec)
+    values = {fw: _values(job, parameter_count(spec)) for fw, job in
+              (("jax", comparison.jax_job), ("pytorch", comparison.pytorch_job))}
+    rows = []
+    for metric in TABLE_ROWS:
+        jax_value, torch_value = values["jax"].get(metric), values["pytorch"].get(metric)
+        ratio = jax_value / torch_value if jax_value is not None and torch_value else None
+        rows.append({"metric": metric, "jax": jax_value, "pytorch": torch_value, "ratio": ratio})
+    return rows
+
+
+def _values(job: Job, parameters: int) -> dict:
+    timings, result = job.timings or {}, job.result or {}
+    # Epochs 2..n, as steady_epoch_s (the first when alone); their median, as steady_epoch_s's.
+    later = [m.samples_per_s for m in job.metrics[1:]] or [m.samples_per_s for m in job.metrics]
+    return {
+        "parameters": parameters,
+        "compile_s": timings.get("compile_s"),
+        "first_epoch_s": timings.get("first_epoch_s"),
+        "steady_epoch_s": timings.get("steady_epoch_s"),
+        "samples_per_s": statistics.median(later) if later else None,
+        "test_accuracy": result.get("test_accuracy"),
+        "test_loss": result.get("test_loss"),
+    }

@@ -133,6 +133,10 @@ class Settings(BaseSettings):
     def resolved_artifact_dir(self) -> Path:
         return (self.artifact_dir or self.var_dir / "artifacts").resolve()
 
+    def resolved_compile_cache_dir(self) -> Path:
+        """JAX's persistent compilation cache of this host's workers (var_dir/jax-cache by default)."""
+        return (self.compile_cache_dir or self.var_dir / "jax-cache").resolve()
+
     def broker_transport_options(self) -> dict:
         """Folders of kombu's filesystem transport (the embedded stack's broker)."""
         if not self.resolved_broker_url().startswith("filesystem"):

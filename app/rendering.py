@@ -87,7 +87,7 @@ def comparison_status(comparison: Comparison) -> tuple[JobStatus, dict | None]:
     sides = {"jax": comparison.jax_job, "pytorch": comparison.pytorch_job}
     for framework, job in sides.items():
         if job.status == JobStatus.FAILED:
-            return JobStatus.FAILED, {"framework": framework, **(job.error or {"type": "failed", "message": ""})}
+            return JobStatus.FAILED, {"framework": framework, **(job.error or {"type": JobStatus.FAILED.value, "message": ""})}
     if any(job.status == JobStatus.CANCELLED for job in sides.values()):
         return JobStatus.CANCELLED, None
     if all(job.status == JobStatus.SUCCEEDED for job in sides.values()):

@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -52,7 +53,7 @@ def _run_seed(name, epochs, dataset, train_limit, test_limit) -> dict:
     from trainers.data import load_dataset
     from trainers.spec import DatasetSpec
 
-    data = load_dataset(DatasetSpec(name=dataset, train_limit=train_limit, test_limit=test_limit))
+    data = load_dataset(DatasetSpec(name=dataset, train_limit=train_limit, test_limit=test_limit), run_options().data_dir)
     start = time.perf_counter()
     if name == "jax_seed":
         result = seeds.jax_seed(data.x_train, data.y_train, data.x_test, data.y_test, epochs)
@@ -95,6 +96,14 @@ def trainer_spec(name: str, epochs: int, dataset: str, train_limit: int | None, 
     )
 
 
+def run_options():
+    """The trainers' RunOptions as a worker would pass them, from the bench's environment."""
+    from trainers import RunOptions
+
+    data_dir, cache_dir = os.environ.get("TRAINHUB_DATA_DIR"), os.environ.get("TRAINHUB_COMPILE_CACHE_DIR")
+    return RunOptions(data_dir=Path(data_dir) if data_dir else None, compile_cache_dir=Path(cache_dir) if cache_dir else None)
+
+
 def _run_trainer(name, epochs, dataset, train_limit, test_limit) -> dict:
     from trainers import fit
     from trainers.spec import train_size
@@ -102,7 +111,7 @@ def _run_trainer(name, epochs, dataset, train_limit, test_limit) -> dict:
     spec = trainer_spec(name, epochs, dataset, train_limit, test_limit)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as workdir:
-        result = fit(spec, workdir, lambda epoch, metrics: None)
+        result = fit(spec, workdir, lambda epoch, metrics: None, options=run_options())
     return {
         "epoch_times": [m.epoch_time_s for m in result.metrics],
         "test_accuracy": [m.test_accuracy for m in result.metrics],

@@ -129,6 +129,20 @@ def check_finite_weights(weights: dict, epoch: int) -> None:
             raise NanLoss(epoch, float(np.asarray(value)[~np.isfinite(value)].flat[0]), f"weights ({name})")
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """Where a run finds what lies outside its spec, passed by the caller (a worker fills it from
+    its Settings), never read from the process environment.
+
+    data_dir: MNIST-format data is looked for here first, and downloaded into it (None: only the
+    OS location, downloads into ~/.cache/trainhub/data; see trainers/data.py).
+    compile_cache_dir: JAX's persistent compilation cache, shared by a host's workers (None: none).
+    """
+
+    data_dir: Path | None = None
+    compile_cache_dir: Path | None = None
+
+
 Report = Callable[[int, EpochMetrics], None]
 """Called once at the end of each epoch with (epoch, metrics); epochs count from 1."""
 
@@ -143,8 +157,10 @@ def _never_stop() -> None:
 _TRAINERS = {"jax": "trainers.jax_trainer", "pytorch": "trainers.torch_trainer"}
 
 
-def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop = _never_stop) -> FitResult:
-    """Train `spec` with its framework, writing artifacts into `workdir`.
+def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop = _never_stop,
+        options: RunOptions | None = None) -> FitResult:
+    """Train `spec` with its framework, writing artifacts into `workdir`; `options` (RunOptions)
+    say where the data and the compilation cache are.
 
     The framework module is imported here, on first use, so a process that never trains
     with a framework never imports it.
@@ -156,4 +172,4 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop = 
     module = importlib.import_module(_TRAINERS[spec.framework])
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    return module.fit(spec, workdir, report, should_stop)
+    return module.fit(spec, workdir, report, should_stop, options or RunOptions())

@@ -6,10 +6,11 @@ train and test, limited to the first `train_limit`/`test_limit` examples of each
 MNIST-format data (`mnist`, `fashion-mnist`) is read from IDX files (gzip-compressed or raw),
 looked up in this order:
 
-1. `$TRAINHUB_DATA_DIR`: its dataset folders (`fashion-mnist/`, `FashionMNIST/raw/` or
-   `mnist/`, `MNIST/raw/`, the latter as torchvision lays them out), then the folder itself;
+1. the caller's `data_dir` (a worker's TRAINHUB_DATA_DIR, passed in RunOptions): its dataset
+   folders (`fashion-mnist/`, `FashionMNIST/raw/` or `mnist/`, `MNIST/raw/`, the latter as
+   torchvision lays them out), then the folder itself;
 2. where the OS keeps it: `/usr/share/datasets/<name>` (Debian's `dataset-fashion-mnist`);
-3. a torchvision download into `$TRAINHUB_DATA_DIR`, or `~/.cache/trainhub/data` when unset.
+3. a torchvision download into `data_dir`, or `~/.cache/trainhub/data` when there is none.
 
 This module imports numpy (and scikit-learn for `digits`) only; torchvision is imported only
 when a download is attempted.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import gzip
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,16 +59,16 @@ class Dataset:
         return self.x_train.shape[1]
 
 
-def load_dataset(spec: DatasetSpec) -> Dataset:
+def load_dataset(spec: DatasetSpec, data_dir: Path | None = None) -> Dataset:
     """Load `spec.name` and keep the first `train_limit`/`test_limit` examples of each split.
 
-    Raises DataNotFound for mnist/fashion-mnist when the IDX files are neither in
-    TRAINHUB_DATA_DIR nor in the OS location and cannot be downloaded.
+    Raises DataNotFound for mnist/fashion-mnist when the IDX files are neither in `data_dir`
+    nor in the OS location and cannot be downloaded.
     """
     if spec.name == "synthetic":
         # Generated at exactly the requested size; the first N examples do not depend on it.
         return _synthetic(spec.train_limit or SYNTHETIC_TRAIN, spec.test_limit or SYNTHETIC_TEST)
-    full = _digits() if spec.name == "digits" else _mnist_format(spec.name)
+    full = _digits() if spec.name == "digits" else _mnist_format(spec.name, data_dir)
     return Dataset(
         x_train=full.x_train[: spec.train_limit],
         y_train=full.y_train[: spec.train_limit],
@@ -93,19 +93,18 @@ _APT_PACKAGES = {"fashion-mnist": "dataset-fashion-mnist"}  # Debian packages no
 _TORCHVISION_CLASSES = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST"}
 
 
-def data_dir() -> Path:
-    """Where datasets are looked up and downloaded: $TRAINHUB_DATA_DIR or ~/.cache/trainhub/data."""
-    configured = os.environ.get("TRAINHUB_DATA_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "trainhub" / "data"
+def download_dir(data_dir: Path | None) -> Path:
+    """Where datasets are downloaded: `data_dir`, or ~/.cache/trainhub/data when there is none."""
+    return data_dir if data_dir else Path.home() / ".cache" / "trainhub" / "data"
 
 
-def _mnist_format(name: str) -> Dataset:
-    folder = _find_idx_folder(name)
+def _mnist_format(name: str, data_dir: Path | None) -> Dataset:
+    folder = _find_idx_folder(name, data_dir)
     if folder is None:
-        _download(name)
-        folder = _find_idx_folder(name)
+        _download(name, download_dir(data_dir))
+        folder = _find_idx_folder(name, data_dir)
     if folder is None:
-        raise DataNotFound(_not_found_message(name), _looked_in(name))
+        raise DataNotFound(_not_found_message(name), _looked_in(name, data_dir))
     arrays = {key: _read_idx_file(folder, stem) for key, stem in IDX_FILES.items()}
     return Dataset(
         x_train=arrays["x_train"], y_train=arrays["y_train"],
@@ -113,17 +112,16 @@ def _mnist_format(name: str) -> Dataset:
     )
 
 
-def _candidate_folders(name: str) -> list[Path]:
-    root = data_dir()
-    if os.environ.get("TRAINHUB_DATA_DIR"):
+def _candidate_folders(name: str, data_dir: Path | None) -> list[Path]:
+    if data_dir:
         # The dataset's own folders first: the bare root may hold the other dataset's files.
-        return [root / sub for sub in _DATA_SUBDIRS[name]] + [root, Path(_OS_DIRS[name])]
-    # Without TRAINHUB_DATA_DIR, an earlier download may sit in the cache folder.
-    return [Path(_OS_DIRS[name]), root / _DATA_SUBDIRS[name][1]]
+        return [data_dir / sub for sub in _DATA_SUBDIRS[name]] + [data_dir, Path(_OS_DIRS[name])]
+    # Without a data dir, an earlier download may sit in the cache folder.
+    return [Path(_OS_DIRS[name]), download_dir(None) / _DATA_SUBDIRS[name][1]]
 
 
-def _find_idx_folder(name: str) -> Path | None:
-    for folder in _candidate_folders(name):
+def _find_idx_folder(name: str, data_dir: Path | None) -> Path | None:
+    for folder in _candidate_folders(name, data_dir):
         if all(_idx_path(folder, stem) is not None for stem in IDX_FILES.values()):
             return folder
     return None
@@ -136,14 +134,13 @@ def _idx_path(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def _download(name: str) -> None:
-    """Download with torchvision into data_dir(); failures are left for the caller to report."""
+def _download(name: str, root: Path) -> None:
+    """Download with torchvision into `root`; failures are left for the caller to report."""
     try:
         from torchvision import datasets  # lazy: heavy, and absent from the API image
     except ImportError:
         return
     dataset_class = getattr(datasets, _TORCHVISION_CLASSES[name])
-    root = data_dir()
     try:
         root.mkdir(parents=True, exist_ok=True)
         for train in (True, False):
@@ -169,10 +166,10 @@ def _not_found_message(name: str) -> str:
     )
 
 
-def _looked_in(name: str) -> str:
+def _looked_in(name: str, data_dir: Path | None) -> str:
     """Where the files were looked for, for the worker's log."""
-    looked_in = ", ".join(str(folder) for folder in _candidate_folders(name))
-    return f"dataset {name!r}: looked in {looked_in}; downloads go to {data_dir()}"
+    looked_in = ", ".join(str(folder) for folder in _candidate_folders(name, data_dir))
+    return f"dataset {name!r}: looked in {looked_in}; downloads go to {download_dir(data_dir)}"
 
 
 def _read_idx_file(folder: Path, stem: str) -> np.ndarray:

@@ -17,11 +17,12 @@ The run reads like the seeds' loop, made fast:
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import flax
 import jax
@@ -34,7 +35,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainers import jax_checkpoint
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop
+from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, RunOptions, ShouldStop
 from trainers.common import epoch_batches, fit_timings, init_weights, summarize_epoch, write_common_artifacts
 from trainers.data import load_dataset
 from trainers.jax_models import build, eval_metrics, variables_from_weights, weights_from_params
@@ -47,7 +48,7 @@ CHUNK_TARGET_S = 1.0
 PARAMS_FILE = "params.msgpack"
 
 
-def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -> FitResult:
+def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, options: RunOptions) -> FitResult:
     """Train `spec` with JAX on `spec.hardware`, reporting each epoch; write artifacts to `workdir`.
 
     Raises HardwareMismatch when jax's default backend is not spec.hardware, DataNotFound
@@ -56,112 +57,191 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     """
     start = time.perf_counter()
     _check_backend(spec.hardware)
-    _use_compile_cache()
-    # Data parallel: a one-axis mesh over the job's devices. The data and the state are
-    # replicated, each step's batch is split along "data", and XLA reduces the gradients.
-    mesh = _mesh(spec.devices, spec.hardware)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    data = load_dataset(spec.dataset)
-    # The data goes to the device once; batches are gathered there by index.
-    x_train, y_train = jax.device_put(data.x_train, replicated), jax.device_put(data.y_train, replicated)
-    x_test, y_test = jax.device_put(data.x_test, replicated), jax.device_put(data.y_test, replicated)
-
-    # bf16: params and optimizer state stay float32; the model computes in bfloat16.
-    model = build(spec.model, data.num_classes, jnp.bfloat16 if spec.precision == "bf16" else jnp.float32)
-    # Initial weights come from numpy so a PyTorch job with this spec starts from the same ones.
-    weights = init_weights(spec.model, data.in_features, data.num_classes, spec.seed)
-    variables = variables_from_weights(weights)
-    n, batch_size = len(data.x_train), spec.batch_size
-    steps = n // batch_size
-    optimizer, learning_rate = make_optimizer(spec, steps)
-    if "batch_stats" in variables:
-        create = partial(BatchNormTrainState.create, apply_fn=model.apply, tx=optimizer,
-                         batch_stats=variables["batch_stats"])
-    else:
-        create = partial(TrainState.create, apply_fn=model.apply, tx=optimizer)
-    state = jax.jit(create, out_shardings=replicated)(params=variables["params"])
-    key = jax.random.PRNGKey(spec.seed)
-    evaluate = jax.jit(partial(eval_metrics, model)).lower(_eval_variables(state), x_test, y_test).compile()
-    options = StepOptions(
-        batch_sharding=NamedSharding(mesh, PartitionSpec("data")) if spec.devices > 1 else None,
-        privacy_clip_norm=spec.privacy.clip_norm if spec.privacy else None,
-        privacy_noise_multiplier=spec.privacy.noise_multiplier if spec.privacy else 0.0,
-    )
-    chunk_steps = _chunk_steps(steps)
+    _use_compile_cache(options.compile_cache_dir)
+    run = prepare(spec, options)
     setup_s = time.perf_counter() - start
 
     # Every program built from here on counts: the loop below must build none of its own.
     programs_before = _programs_built
     compile_start = time.perf_counter()
-    run_chunk = _compile_chunk(state, x_train, y_train, key, chunk_steps, batch_size, options)
+    run_chunk = _compile_chunk(run.state, run.data.x_train, run.data.y_train, run.key, run.chunk_steps,
+                               spec.batch_size, run.step_options)
     compile_s = time.perf_counter() - compile_start
 
-    # A job picked up again after its worker died goes on from its last finished epoch.
-    metrics: list[EpochMetrics] = []
-    first_step_loss = float("nan")
-    if resumed := jax_checkpoint.restore(workdir, state):
-        state, metrics, first_step_loss = resumed
-        for done in metrics:  # re-reported: the worker may have died before it stored them
-            report(done.epoch, done)
-    checkpoint_s, checkpoint_programs = 0.0, 0
-    pace = Pace(chunk_steps)
+    state, metrics, first_step_loss = resume(workdir, run.state, report)
+    checkpoints = Checkpoints(workdir)
+    pace = Pace(run.chunk_steps)
     for epoch in range(len(metrics) + 1, spec.epochs + 1):
-        batches = epoch_batches(spec.seed, epoch, n, batch_size)
-        epoch_start = time.perf_counter()
-        totals = np.zeros(3, np.float32)  # summed batch losses, correct predictions, step 0's loss
-        first = 0
-        while first < steps:
-            should_stop()
-            count = pace.steps()
-            batch_idx, step_ids, valid = _chunk(batches, first, count, chunk_steps)
-            call_start, previous = time.perf_counter(), totals
-            state, totals = run_chunk(
-                state, previous, x_train, y_train, batch_idx, step_ids, valid, key, np.int32(epoch)
-            )
-            if pace.probing:  # a step alone: wait for it, and time it
-                jax.block_until_ready(totals)
-                pace.timed(time.perf_counter() - call_start)
-            jax.block_until_ready(previous)  # the call before this one is done: the host stays one call ahead
-            first += count
-        # The clock stops once the device is done.
-        jax.block_until_ready(state)
-        loss_sum, correct, step0_loss = (float(v) for v in jax.device_get(totals))
+        state, (loss_sum, correct, step0_loss), epoch_time_s = train_epoch(run, run_chunk, state, epoch, pace,
+                                                                           should_stop)
         first_step_loss = step0_loss if epoch == 1 else first_step_loss
-        epoch_time_s = time.perf_counter() - epoch_start
-        pace.timed(epoch_time_s / steps)
-
-        eval_start = time.perf_counter()
-        test_loss, test_accuracy = (float(v) for v in jax.device_get(evaluate(_eval_variables(state), x_test, y_test)))
-        eval_time_s = time.perf_counter() - eval_start
-
+        test_loss, test_accuracy, eval_time_s = evaluate(run, state)
         epoch_metrics = summarize_epoch(
-            epoch, loss_sum=loss_sum, correct=correct, steps=steps, batch_size=batch_size, test_loss=test_loss,
-            test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
-            learning_rate=learning_rate((epoch - 1) * steps),
+            epoch, loss_sum=loss_sum, correct=correct, steps=run.steps, batch_size=spec.batch_size,
+            test_loss=test_loss, test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
+            learning_rate=run.learning_rate((epoch - 1) * run.steps),
         )
         metrics.append(epoch_metrics)
-        checkpoint_start, programs_before_save = time.perf_counter(), _programs_built
-        jax_checkpoint.save(workdir, epoch, state, metrics, first_step_loss)
-        checkpoint_s += time.perf_counter() - checkpoint_start
-        # Orbax builds small slicing programs of its own to save replicated (multi-device)
-        # arrays; they are not the train step, so they are not counted as its compilations.
-        checkpoint_programs += _programs_built - programs_before_save
+        checkpoints.save(epoch, state, metrics, first_step_loss)
         report(epoch, epoch_metrics)
 
-    compilations = _programs_built - programs_before - checkpoint_programs
-    batch_stats = getattr(state, "batch_stats", None)
-    artifacts = write_common_artifacts(workdir, weights_from_params(state.params, batch_stats), metrics, spec)
-    # Every collection the model needs, laid out as model.init returns them (batch_stats too).
-    variables = {"params": state.params, **({"batch_stats": batch_stats} if batch_stats else {})}
-    (workdir / PARAMS_FILE).write_bytes(to_bytes(jax.device_get(variables)))
+    compilations = _programs_built - programs_before - checkpoints.programs
     return FitResult(
         metrics=metrics,
-        timings={**fit_timings(setup_s, compile_s, compilations, metrics), "checkpoint_s": checkpoint_s},
+        timings={**fit_timings(setup_s, compile_s, compilations, metrics), "checkpoint_s": checkpoints.seconds},
         result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
                 "first_step_loss": first_step_loss},
-        artifacts=[*artifacts, PARAMS_FILE],
-        device=_device_info(mesh),
+        artifacts=save_artifacts(workdir, spec, state, metrics),
+        device=_device_info(run.mesh),
     )
+
+
+class DeviceData(NamedTuple):
+    """The dataset on the device (replicated over the mesh): x float32 [N, D], y int32 [N]."""
+
+    x_train: jax.Array
+    y_train: jax.Array
+    x_test: jax.Array
+    y_test: jax.Array
+
+
+@dataclass
+class Run:
+    """What `prepare` sets up for a run: the mesh, the data on the device, the initial state and
+    the pieces of its train step, which `fit` then compiles and loops over."""
+
+    mesh: Mesh
+    data: DeviceData
+    state: TrainState
+    key: jax.Array
+    learning_rate: Callable[[int], float]
+    step_options: StepOptions
+    evaluate: Callable
+    seed: int
+    batch_size: int
+    steps: int  # optimizer steps per epoch
+    chunk_steps: int  # steps per compiled call
+
+
+def prepare(spec: JobSpec, options: RunOptions) -> Run:
+    """The mesh, the data on the device, the model's initial TrainState and the eval program."""
+    # Data parallel: a one-axis mesh over the job's devices. The data and the state are
+    # replicated, each step's batch is split along "data", and XLA reduces the gradients.
+    mesh = _mesh(spec.devices, spec.hardware)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    dataset = load_dataset(spec.dataset, options.data_dir)
+    # The data goes to the device once; batches are gathered there by index.
+    data = DeviceData(*(jax.device_put(array, replicated) for array in
+                        (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test)))
+    steps = len(dataset.x_train) // spec.batch_size
+    model = build_model(spec, dataset.num_classes)
+    state, learning_rate = create_train_state(spec, model, dataset.in_features, dataset.num_classes, steps, replicated)
+    evaluate_program = jax.jit(partial(eval_metrics, model)).lower(_eval_variables(state), data.x_test,
+                                                                     data.y_test).compile()
+    step_options = StepOptions(
+        batch_sharding=NamedSharding(mesh, PartitionSpec("data")) if spec.devices > 1 else None,
+        privacy_clip_norm=spec.privacy.clip_norm if spec.privacy else None,
+        privacy_noise_multiplier=spec.privacy.noise_multiplier if spec.privacy else 0.0,
+    )
+    return Run(mesh=mesh, data=data, state=state, key=jax.random.PRNGKey(spec.seed), learning_rate=learning_rate,
+               step_options=step_options, evaluate=evaluate_program, seed=spec.seed, batch_size=spec.batch_size,
+               steps=steps, chunk_steps=_chunk_steps(steps))
+
+
+def build_model(spec: JobSpec, num_classes: int):
+    """The flax module; bf16: params and optimizer state stay float32, the model computes in bfloat16."""
+    return build(spec.model, num_classes, jnp.bfloat16 if spec.precision == "bf16" else jnp.float32)
+
+
+def create_train_state(spec: JobSpec, model, in_features: int, num_classes: int, steps_per_epoch: int,
+                       sharding: NamedSharding) -> tuple[TrainState, Callable[[int], float]]:
+    """The initial TrainState of `model` (BatchNormTrainState with batch norm), placed with
+    `sharding`, and the learning rate of each step. Initial weights come from numpy
+    (common.init_weights), so a PyTorch job with this spec starts from the same ones."""
+    variables = variables_from_weights(init_weights(spec.model, in_features, num_classes, spec.seed))
+    optimizer, learning_rate = make_optimizer(spec, steps_per_epoch)
+    if "batch_stats" in variables:
+        create = partial(BatchNormTrainState.create, apply_fn=model.apply, tx=optimizer,
+                         batch_stats=variables["batch_stats"])
+    else:
+        create = partial(TrainState.create, apply_fn=model.apply, tx=optimizer)
+    return jax.jit(create, out_shardings=sharding)(params=variables["params"]), learning_rate
+
+
+def resume(workdir: Path, state: TrainState, report: Report) -> tuple[TrainState, list[EpochMetrics], float]:
+    """(state, metrics, first step's loss) from the last checkpoint of a job picked up again after
+    its worker died (its epochs are reported again: the worker may have died before it stored
+    them); else the initial state, no metrics and NaN."""
+    if resumed := jax_checkpoint.restore(workdir, state):
+        state, metrics, first_step_loss = resumed
+        for done in metrics:
+            report(done.epoch, done)
+        return state, metrics, first_step_loss
+    return state, [], float("nan")
+
+
+def train_epoch(run: Run, run_chunk, state: TrainState, epoch: int, pace: Pace,
+                should_stop: ShouldStop) -> tuple[TrainState, tuple[float, float, float], float]:
+    """One epoch of `run.steps` steps in compiled chunks, asking `should_stop` between chunks.
+
+    Returns the state, (sum of the batch losses, correct predictions, the loss of step 0) and the
+    epoch's time in seconds, waited for on the device."""
+    batches = epoch_batches(run.seed, epoch, len(run.data.x_train), run.batch_size)
+    epoch_start = time.perf_counter()
+    totals = np.zeros(3, np.float32)  # summed batch losses, correct predictions, step 0's loss
+    first = 0
+    while first < run.steps:
+        should_stop()
+        count = pace.steps()
+        batch_idx, step_ids, valid = _chunk(batches, first, count, run.chunk_steps)
+        call_start, previous = time.perf_counter(), totals
+        state, totals = run_chunk(
+            state, previous, run.data.x_train, run.data.y_train, batch_idx, step_ids, valid, run.key, np.int32(epoch)
+        )
+        if pace.probing:  # a step alone: wait for it, and time it
+            jax.block_until_ready(totals)
+            pace.timed(time.perf_counter() - call_start)
+        jax.block_until_ready(previous)  # the call before this one is done: the host stays one call ahead
+        first += count
+    # The clock stops once the device is done.
+    jax.block_until_ready(state)
+    sums = tuple(float(v) for v in jax.device_get(totals))
+    epoch_time_s = time.perf_counter() - epoch_start
+    pace.timed(epoch_time_s / run.steps)
+    return state, sums, epoch_time_s
+
+
+def evaluate(run: Run, state: TrainState) -> tuple[float, float, float]:
+    """(mean test cross-entropy in nats, test accuracy, seconds it took) of `state`."""
+    eval_start = time.perf_counter()
+    test_loss, test_accuracy = (float(v) for v in jax.device_get(
+        run.evaluate(_eval_variables(state), run.data.x_test, run.data.y_test)))
+    return test_loss, test_accuracy, time.perf_counter() - eval_start
+
+
+class Checkpoints:
+    """Saves the state after each epoch (jax_checkpoint), counting the time it takes and the
+    small programs Orbax builds to save replicated (multi-device) arrays: they are not the train
+    step, so they are not counted as its compilations."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir, self.seconds, self.programs = workdir, 0.0, 0
+
+    def save(self, epoch: int, state: TrainState, metrics: list[EpochMetrics], first_step_loss: float) -> None:
+        start, programs_before = time.perf_counter(), _programs_built
+        jax_checkpoint.save(self.workdir, epoch, state, metrics, first_step_loss)
+        self.seconds += time.perf_counter() - start
+        self.programs += _programs_built - programs_before
+
+
+def save_artifacts(workdir: Path, spec: JobSpec, state: TrainState, metrics: list[EpochMetrics]) -> list[str]:
+    """weights.safetensors, metrics.json, spec.json (common.write_common_artifacts) and
+    params.msgpack: every collection the model needs, laid out as model.init returns them."""
+    batch_stats = getattr(state, "batch_stats", None)
+    artifacts = write_common_artifacts(workdir, weights_from_params(state.params, batch_stats), metrics, spec)
+    variables = {"params": state.params, **({"batch_stats": batch_stats} if batch_stats else {})}
+    (workdir / PARAMS_FILE).write_bytes(to_bytes(jax.device_get(variables)))
+    return [*artifacts, PARAMS_FILE]
 
 
 class BatchNormTrainState(TrainState):
@@ -392,9 +472,9 @@ def _check_backend(hardware: str) -> None:
         raise HardwareMismatch(hardware, backend, "jax")
 
 
-def _use_compile_cache() -> None:
-    """Keep compiled programs in $TRAINHUB_COMPILE_CACHE_DIR, when set, across worker restarts."""
-    cache_dir = os.environ.get("TRAINHUB_COMPILE_CACHE_DIR")
+def _use_compile_cache(directory: Path | None) -> None:
+    """Keep compiled programs in `directory`, when given, across worker restarts."""
+    cache_dir = str(directory) if directory else None
     if not cache_dir or jax.config.jax_compilation_cache_dir == cache_dir:
         return
     compilation_cache.set_cache_dir(cache_dir)

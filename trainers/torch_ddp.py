@@ -33,14 +33,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, NanLoss, Report, ShouldStop, StopTraining
+from trainers.base import EpochMetrics, FitResult, HardwareMismatch, NanLoss, Report, RunOptions, ShouldStop, StopTraining
 from trainers.spec import JobSpec
 
 POLL_S = 0.25  # how often the supervisor asks should_stop while no message arrives
 EXIT_WAIT_S = 60.0  # how long stopped ranks get to leave before they are killed
 
 
-def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -> FitResult:
+def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, options: RunOptions) -> FitResult:
     """Train `spec` on `spec.devices` devices with DDP, as torch_trainer.fit does on one.
 
     Raises HardwareMismatch when this process owns fewer devices (cpu: cores) than asked for,
@@ -51,13 +51,13 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
 
     start = time.perf_counter()
     devices = _owned_devices(spec)
-    load_dataset(spec.dataset)  # a missing dataset fails here, once, not in every rank
+    load_dataset(spec.dataset, options.data_dir)  # a missing dataset fails here, once, not in every rank
     context = mp.get_context("spawn")  # a fresh interpreter per rank: no forked CUDA or thread state
     messages, stop = context.Queue(), context.Value("b", 0)
     port = _free_port()
     ranks = [
         context.Process(target=_rank_main, name=f"trainhub-ddp-rank{rank}", daemon=True,
-                        args=(rank, spec.model_dump(mode="json"), str(workdir), port, devices, messages, stop, start))
+                        args=(rank, spec.model_dump(mode="json"), str(workdir), port, devices, messages, stop, start, options))
         for rank in range(spec.devices)
     ]
     for process in ranks:
@@ -173,7 +173,7 @@ class _Stopped(Exception):
 
 
 def _rank_main(rank: int, spec_json: dict, workdir: str, port: int, devices: list[int], messages, stop,
-               start: float) -> None:
+               start: float, options: RunOptions) -> None:
     """One rank, in its own process: join the group, train, send rank 0's results."""
     _die_with_parent()
     size = len(devices)
@@ -182,7 +182,7 @@ def _rank_main(rank: int, spec_json: dict, workdir: str, port: int, devices: lis
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                                 rank=rank, world_size=size, timeout=timedelta(minutes=10))
         result = _train_rank(rank, size, device, JobSpec.model_validate(spec_json), Path(workdir), messages, stop,
-                             start)
+                             start, options)
         if rank == 0 and result is not None:
             messages.put(("result", {
                 "metrics": [m.to_dict() for m in result.metrics], "timings": result.timings,
@@ -215,7 +215,7 @@ def _bind(hardware: str, index: int) -> torch.device:
 
 
 def _train_rank(rank: int, size: int, device: torch.device, spec: JobSpec, workdir: Path, messages, stop,
-                start: float) -> FitResult | None:
+                start: float, options: RunOptions) -> FitResult | None:
     from trainers import torch_trainer
 
     group = Group(rank, size, device)
@@ -228,7 +228,7 @@ def _train_rank(rank: int, size: int, device: torch.device, spec: JobSpec, workd
         if group.agree_to_stop(stop):
             raise _Stopped()
 
-    return torch_trainer.train(spec, workdir, report, should_stop, group, start)
+    return torch_trainer.train(spec, workdir, report, should_stop, group, start, options)
 
 
 def _die_with_parent() -> None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers import torch_checkpoint
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, ShouldStop
+from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, RunOptions, ShouldStop
 from trainers.common import (
     epoch_batches,
     fit_timings,
@@ -37,7 +40,7 @@ STOP_CHECK_S = 1.0
 STATE_DICT_FILE = "state_dict.pt"
 
 
-def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -> FitResult:
+def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, options: RunOptions) -> FitResult:
     """Train `spec` with PyTorch on `spec.hardware`, reporting each epoch; write artifacts to `workdir`.
 
     Raises HardwareMismatch when spec.hardware is gpu without CUDA or tpu without torch_xla,
@@ -47,12 +50,12 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop) -
     if spec.devices > 1:  # data parallel: DDP, one process per device, each running `train`
         from trainers import torch_ddp
 
-        return torch_ddp.fit(spec, workdir, report, should_stop)
+        return torch_ddp.fit(spec, workdir, report, should_stop, options)
     start = time.perf_counter()
     device = _device_for(spec.hardware)
     # Use every core this process may run on (torch's default may count the host's cores).
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    return train(spec, workdir, report, should_stop, OneDevice(device), start)
+    return train(spec, workdir, report, should_stop, OneDevice(device), start, options)
 
 
 class OneDevice:
@@ -91,111 +94,42 @@ class OneDevice:
         return [f"{self.device.type}:{self.device.index or 0}"]
 
 
-def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, world, start: float) -> FitResult:
+def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, world, start: float,
+          options: RunOptions) -> FitResult:
     """The training run of `fit` in `world` (OneDevice, or one rank of torch_ddp's group): the
     same steps on any number of devices, each device taking its share of every global batch.
     Only rank 0 checkpoints and writes artifacts; every rank reports (the caller decides who
     listens). `start` is the perf_counter the setup time counts from."""
-    device = world.device
-    data = load_dataset(spec.dataset)
-    # The data goes to the device once; torch.tensor copies the read-only cached arrays.
-    x_train = torch.tensor(data.x_train).to(device)
-    y_train = torch.tensor(data.y_train).to(device, torch.int64)  # cross_entropy wants int64 targets
-    x_test = torch.tensor(data.x_test).to(device)
-    y_test = torch.tensor(data.y_test).to(device, torch.int64)
-
-    # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
-    weights = init_weights(spec.model, data.in_features, data.num_classes, spec.seed)
-    model = world.prepare(from_weights(weights, spec.model.dropout, data.in_features).to(device))
-    n, batch_size = len(data.x_train), spec.batch_size
-    steps = n // batch_size
-    optimizer, scheduler = make_optimizer(spec, model, device, steps)
-    # bf16: params and optimizer state stay float32; autocast runs the forward in bfloat16.
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if spec.precision == "bf16" else nullcontext
+    run = prepare(spec, world, options)
     setup_s = time.perf_counter() - start
 
     # "compile": true: the step is compiled here, on one batch, so no epoch pays for it.
-    train_model, compile_s, graphs_before = model, 0.0, _graphs_compiled
-    if spec.compile:
-        compile_start = time.perf_counter()
-        train_model = _compile(model, x_train, y_train, batch_size, spec, device, autocast)
-        compile_s = time.perf_counter() - compile_start
-
-    # A job picked up again after its worker died goes on from its last finished epoch.
-    metrics: list[EpochMetrics] = []
-    first_step_loss = torch.full((), float("nan"), device=device)  # the parity check compares it
-    if resumed := torch_checkpoint.restore(workdir, model, optimizer, scheduler):
-        metrics, first_loss = resumed
-        first_step_loss = torch.tensor(first_loss, device=device)
-        for done in metrics:  # re-reported: the worker may have died before it stored them
-            report(done.epoch, done)
+    graphs_before = _graphs_compiled
+    train_model, compile_s = compile_model(spec, run)
+    metrics, first_step_loss = resume(workdir, run, report)
+    step = make_train_step(spec, run, world.wrap(train_model), world)
     checkpoint_s = 0.0
-    forward = world.wrap(train_model)
     for epoch in range(len(metrics) + 1, spec.epochs + 1):
-        # Dropout masks from (seed, epoch), like the batch order, so a resumed run repeats them.
-        torch.manual_seed(spec.seed * 100_003 + epoch + 7_919 * world.rank)
-        batches = world.shard(torch.from_numpy(epoch_batches(spec.seed, epoch, n, batch_size)).to(device, torch.int64))
-        learning_rate = optimizer.param_groups[0]["lr"]  # the rate of the epoch's first step
-        epoch_start = time.perf_counter()
-        model.train()
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), dtype=torch.int64, device=device)
-        next_check = 0.0
-        for step, idx in enumerate(batches):
-            if step % STOP_CHECK_STEPS == 0 or world.timed_stop_checks and time.perf_counter() > next_check:
-                _wait_for(device)  # a GPU runs behind the host: the steps asked about are done
-                should_stop()
-                next_check = time.perf_counter() + STOP_CHECK_S
-            x, y = x_train[idx], y_train[idx]
-            optimizer.zero_grad(set_to_none=True)
-            if spec.privacy is not None:
-                loss, logits = _private_gradients(model, x, y, spec.privacy.clip_norm, spec.privacy.noise_multiplier,
-                                                  world)
-            else:
-                with autocast():
-                    logits = forward(x)
-                    loss = F.cross_entropy(logits, y)
-                loss.backward()
-            if spec.optimizer.clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.optimizer.clip_norm)
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()  # per optimizer step, as optax counts its schedules
-            # Summed on the device: a .item() per step would wait for the device every step.
-            loss_sum += loss.detach()
-            if epoch == 1 and step == 0:
-                first_step_loss = torch.tensor(world.total(loss.detach())[0] / world.size, device=device)
-            correct += (logits.detach().argmax(dim=1) == y).sum()
-            _end_step(device)
-        # The epoch's one host sync. Each device's loss is the mean over its share of the batch.
-        loss_total, train_correct = world.total(loss_sum, correct)
-        train_loss = loss_total / world.size
-        _wait_for(device)
-        epoch_time_s = time.perf_counter() - epoch_start
-
-        eval_start = time.perf_counter()
+        learning_rate = run.optimizer.param_groups[0]["lr"]  # the rate of the epoch's first step
+        train_loss, train_correct, epoch_time_s, step0_loss = train_epoch(spec, run, step, world, epoch, should_stop)
+        first_step_loss = step0_loss if step0_loss is not None else first_step_loss
         # Rank 0 reports and checkpoints; the other ranks' test metrics would go nowhere.
-        test_loss, test_accuracy = evaluate(model, x_test, y_test) if world.rank == 0 else (math.nan, math.nan)
-        eval_time_s = time.perf_counter() - eval_start
-
+        test_loss, test_accuracy, eval_time_s = test(run) if world.rank == 0 else (math.nan, math.nan, 0.0)
         epoch_metrics = summarize_epoch(
-            epoch, loss_sum=train_loss, correct=train_correct, steps=steps, batch_size=batch_size, test_loss=test_loss,
-            test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
+            epoch, loss_sum=train_loss, correct=train_correct, steps=run.steps, batch_size=spec.batch_size,
+            test_loss=test_loss, test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
             learning_rate=learning_rate, evaluated=world.rank == 0,
         )
         metrics.append(epoch_metrics)
         checkpoint_start = time.perf_counter()
         if world.rank == 0:
-            torch_checkpoint.save(workdir, epoch, model, optimizer, metrics, first_step_loss.item(), scheduler)
+            torch_checkpoint.save(workdir, epoch, run.model, run.optimizer, metrics, first_step_loss.item(),
+                                  run.scheduler)
         checkpoint_s += time.perf_counter() - checkpoint_start
         report(epoch, epoch_metrics)
 
     if world.rank != 0:
         return FitResult(metrics=metrics, timings={}, result={}, artifacts=[])
-    state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
-    weights = weights_from_state_dict(model)
-    artifacts = write_common_artifacts(workdir, weights, metrics, spec)
-    torch.save(state_dict, workdir / STATE_DICT_FILE)  # plain tensors: loads with weights_only=True
     return FitResult(
         metrics=metrics,
         # Eager: nothing is compiled (0, 0.0). Compiled: the graphs torch.compile built in this
@@ -205,9 +139,160 @@ def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop,
                  "checkpoint_s": checkpoint_s},
         result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
                 "first_step_loss": first_step_loss.item()},
-        artifacts=[*artifacts, STATE_DICT_FILE],
-        device=_device_info(device, world.devices()),
+        artifacts=save_artifacts(workdir, spec, run.model, metrics),
+        device=_device_info(run.device, world.devices()),
     )
+
+
+@dataclass
+class Run:
+    """What `prepare` sets up: the data on the device, the model, its optimizer and scheduler."""
+
+    device: torch.device
+    x_train: torch.Tensor  # float32 [N, D]
+    y_train: torch.Tensor  # int64 [N]
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    autocast: Callable[[], ContextManager]
+    steps: int  # optimizer steps per epoch
+
+
+def prepare(spec: JobSpec, world, options: RunOptions) -> Run:
+    """The data on the device, the model with its initial weights, the optimizer and scheduler."""
+    device = world.device
+    data = load_dataset(spec.dataset, options.data_dir)
+    # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
+    weights = init_weights(spec.model, data.in_features, data.num_classes, spec.seed)
+    model = world.prepare(from_weights(weights, spec.model.dropout, data.in_features).to(device))
+    steps = len(data.x_train) // spec.batch_size
+    optimizer, scheduler = make_optimizer(spec, model, device, steps)
+    return Run(
+        device=device,
+        # The data goes to the device once; torch.tensor copies the read-only cached arrays.
+        x_train=torch.tensor(data.x_train).to(device),
+        y_train=torch.tensor(data.y_train).to(device, torch.int64),  # cross_entropy wants int64 targets
+        x_test=torch.tensor(data.x_test).to(device),
+        y_test=torch.tensor(data.y_test).to(device, torch.int64),
+        model=model, optimizer=optimizer, scheduler=scheduler,
+        # bf16: params and optimizer state stay float32; autocast runs the forward in bfloat16.
+        autocast=(lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if spec.precision == "bf16"
+        else nullcontext,
+        steps=steps,
+    )
+
+
+def compile_model(spec: JobSpec, run: Run) -> tuple[torch.nn.Module, float]:
+    """(the module the train step calls, seconds spent compiling it): `run.model` itself, or with
+    "compile": true, its torch.compile'd step built now on one batch (see _compile)."""
+    if not spec.compile:
+        return run.model, 0.0
+    compile_start = time.perf_counter()
+    compiled = _compile(run.model, run.x_train, run.y_train, spec.batch_size, spec, run.device, run.autocast)
+    return compiled, time.perf_counter() - compile_start
+
+
+def resume(workdir: Path, run: Run, report: Report) -> tuple[list[EpochMetrics], torch.Tensor]:
+    """(metrics, the first step's loss on the device) restored from the last checkpoint of a job
+    picked up again after its worker died (its epochs are reported again: the worker may have
+    died before it stored them); else no metrics and NaN (the parity check compares it)."""
+    if resumed := torch_checkpoint.restore(workdir, run.model, run.optimizer, run.scheduler):
+        metrics, first_loss = resumed
+        for done in metrics:
+            report(done.epoch, done)
+        return metrics, torch.tensor(first_loss, device=run.device)
+    return [], torch.full((), float("nan"), device=run.device)
+
+
+TrainStep = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world) -> TrainStep:
+    """`step(x, y) -> (loss, logits)`: one optimizer step on a batch, as the seeds' loop takes it
+    (zero_grad, backward, step). The options plug in here, not into the loop: the gradients come
+    from `forward` (the model, compiled or DDP-wrapped) or, with privacy, from DP-SGD's clipped
+    and noised per-example gradients; clip_norm clips them; the scheduler steps per step."""
+    if spec.privacy is not None:
+        gradients = partial(_private_gradients, run.model, clip_norm=spec.privacy.clip_norm,
+                            noise_multiplier=spec.privacy.noise_multiplier, world=world)
+    else:
+        gradients = partial(_gradients, forward, run.autocast)
+    clip_norm = spec.optimizer.clip_norm
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        run.optimizer.zero_grad(set_to_none=True)
+        loss, logits = gradients(x, y)
+        if clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip_norm)
+        run.optimizer.step()
+        if run.scheduler is not None:
+            run.scheduler.step()  # per optimizer step, as optax counts its schedules
+        return loss, logits
+
+    return step
+
+
+def _gradients(forward: torch.nn.Module, autocast, x: torch.Tensor, y: torch.Tensor):
+    """The mini-batch's mean cross-entropy, backpropagated into each parameter's .grad; (loss, logits)."""
+    with autocast():
+        logits = forward(x)
+        loss = F.cross_entropy(logits, y)
+    loss.backward()
+    return loss, logits
+
+
+def train_epoch(spec: JobSpec, run: Run, step: TrainStep, world, epoch: int,
+                should_stop: ShouldStop) -> tuple[float, float, float, torch.Tensor | None]:
+    """One epoch of `run.steps` steps over this device's share of each batch, asking
+    `should_stop` every STOP_CHECK_STEPS steps (and every STOP_CHECK_S on one device).
+
+    Returns (mean batch loss summed over the steps, correct predictions, seconds waited for on the
+    device, the first step's loss on the device in epoch 1 else None)."""
+    device = run.device
+    # Dropout masks from (seed, epoch), like the batch order, so a resumed run repeats them.
+    torch.manual_seed(spec.seed * 100_003 + epoch + 7_919 * world.rank)
+    order = epoch_batches(spec.seed, epoch, len(run.x_train), spec.batch_size)
+    batches = world.shard(torch.from_numpy(order).to(device, torch.int64))
+    epoch_start = time.perf_counter()
+    run.model.train()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    step0_loss, next_check = None, 0.0
+    for i, idx in enumerate(batches):
+        if i % STOP_CHECK_STEPS == 0 or world.timed_stop_checks and time.perf_counter() > next_check:
+            _wait_for(device)  # a GPU runs behind the host: the steps asked about are done
+            should_stop()
+            next_check = time.perf_counter() + STOP_CHECK_S
+        y = run.y_train[idx]
+        loss, logits = step(run.x_train[idx], y)
+        # Summed on the device: a .item() per step would wait for the device every step.
+        loss_sum += loss.detach()
+        if epoch == 1 and i == 0:
+            step0_loss = torch.tensor(world.total(loss.detach())[0] / world.size, device=device)
+        correct += (logits.detach().argmax(dim=1) == y).sum()
+        _end_step(device)
+    # The epoch's one host sync. Each device's loss is the mean over its share of the batch.
+    loss_total, train_correct = world.total(loss_sum, correct)
+    _wait_for(device)
+    return loss_total / world.size, train_correct, time.perf_counter() - epoch_start, step0_loss
+
+
+def test(run: Run) -> tuple[float, float, float]:
+    """(mean test cross-entropy in nats, test accuracy, seconds it took), under torch.no_grad."""
+    eval_start = time.perf_counter()
+    test_loss, test_accuracy = evaluate(run.model, run.x_test, run.y_test)
+    return test_loss, test_accuracy, time.perf_counter() - eval_start
+
+
+def save_artifacts(workdir: Path, spec: JobSpec, model: torch.nn.Module, metrics: list[EpochMetrics]) -> list[str]:
+    """weights.safetensors, metrics.json, spec.json (common.write_common_artifacts) and
+    state_dict.pt: plain tensors, so it loads with torch.load(weights_only=True)."""
+    state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    artifacts = write_common_artifacts(workdir, weights_from_state_dict(model), metrics, spec)
+    torch.save(state_dict, workdir / STATE_DICT_FILE)
+    return [*artifacts, STATE_DICT_FILE]
 
 
 def _compile(
@@ -310,7 +395,7 @@ def _schedule_factor(opt, steps_per_epoch: int, epochs: int, step: int) -> float
     return learning_rate_at(opt, step, steps_per_epoch, epochs) / opt.learning_rate
 
 
-def _private_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, clip_norm: float,
+def _private_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, clip_norm: float,
                        noise_multiplier: float, world) -> tuple[torch.Tensor, torch.Tensor]:
     """DP-SGD gradients into each parameter's .grad: per-example gradients (torch.func.vmap of
     torch.func.grad), each clipped to L2 norm clip_norm, summed, plus N(0, (noise_multiplier *

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainhub worker: cannot pin to {args.hardware} devices {args.devices}: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    caps = detect(args.hardware, args.frameworks)
+    caps = detect(args.hardware, args.frameworks, args.cpu_devices)
     for framework, why in caps.refused.items():
         print(f"trainhub worker: not serving {args.hardware}.{framework}: {why}", file=sys.stderr)
     if not caps.queues:
@@ -67,9 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"trainhub worker: cannot store artifacts ({settings.artifact_store}): {exc}", file=sys.stderr)
         return 2
-    # trainers/ reads the cache location from the environment (it knows nothing of Settings).
-    os.environ.setdefault("TRAINHUB_COMPILE_CACHE_DIR",
-                          str((settings.compile_cache_dir or settings.var_dir / "jax-cache").resolve()))
     from workers.identity import Heartbeat, register
     from workers.reconciler import reconcile
 

@@ -8,6 +8,7 @@ from safetensors.numpy import load
 from sqlalchemy import or_, select, update
 
 from app import storage
+from app.config import get_settings
 from app.db import session_scope
 from app.models import Comparison, Job
 from app.status import JobStatus
@@ -34,7 +35,7 @@ def settle(job_id: str) -> None:
         spec = ComparisonSpec.model_validate(comparison.spec)
         runs = [_run(job) for job in sides]
         comparison_id = comparison.id
-    x_test = load_dataset(spec.dataset).x_test
+    x_test = load_dataset(spec.dataset, get_settings().data_dir).x_test
     result = parity.check(runs[0], runs[1], x_test, spec.model.dropout)
     with session_scope() as session:
         session.execute(update(Comparison).where(Comparison.id == comparison_id).values(parity=result))

@@ -51,7 +51,6 @@ def pin(hardware: str, devices: list[int] | None, cpu_devices: int = 1) -> None:
         if cpu_devices > 1:
             flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
             os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={cpu_devices}"])
-        os.environ["TRAINHUB_CPU_DEVICES"] = str(cpu_devices)
         # A cpu worker must never grab a GPU by accident.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -69,13 +68,16 @@ class Capabilities:
     refused: dict[str, str] = field(default_factory=dict)  # framework -> why it is not served
 
 
-def detect(hardware: str, frameworks: list[str]) -> Capabilities:
-    """Import each framework and keep those that really use `hardware`."""
+def detect(hardware: str, frameworks: list[str], cpu_devices: int = 1) -> Capabilities:
+    """Import each framework and keep those that really use `hardware` (on cpu, the worker's
+    cores count as `cpu_devices` devices, as pin() set them up)."""
     caps = Capabilities(hardware=hardware)
     for framework in frameworks:
-        check = _check_jax if framework == "jax" else _check_torch
         try:
-            devices, version = check(hardware)
+            if framework == "jax":
+                devices, version = _check_jax(hardware)
+            else:
+                devices, version = _check_torch(hardware, cpu_devices)
         except Exception as exc:  # an import error or a missing device: not served
             caps.refused[framework] = f"{type(exc).__name__}: {exc}"
             continue
@@ -103,11 +105,11 @@ def _check_jax(hardware: str) -> tuple[list[str], str]:
     return [f"{hardware}:{d.id}" for d in devices], jax.__version__
 
 
-def _check_torch(hardware: str) -> tuple[list[str], str]:
+def _check_torch(hardware: str, cpu_devices: int = 1) -> tuple[list[str], str]:
     import torch
 
     if hardware == "cpu":  # DDP runs one process per device, each on its own core
-        return [f"cpu:{i}" for i in range(int(os.environ.get("TRAINHUB_CPU_DEVICES", "1")))], torch.__version__
+        return [f"cpu:{i}" for i in range(cpu_devices)], torch.__version__
     if hardware == "gpu":
         if not torch.cuda.is_available():
             build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"

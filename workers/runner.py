@@ -94,7 +94,7 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
     spec, created_at = retrying(lambda: read_spec(job_id))
     workdir = get_settings().resolved_artifact_dir() / job_id
     hooks = JobHooks(job_id, attempt, spec.max_runtime_s)
-    result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop)
+    result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop, run_options())
     retrying(lambda: store_artifacts(job_id, workdir, result.artifacts))
     timings = {
         "queue_wait_s": _seconds(created_at, claimed_at),
@@ -105,6 +105,12 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
     status = finish(job_id, attempt, JobStatus.SUCCEEDED, timings=timings, result=result.result, worker=worker)
     retrying(lambda: comparisons.settle(job_id))
     return status
+
+
+def run_options() -> trainers.RunOptions:
+    """What the trainers need from this worker's Settings, passed explicitly."""
+    settings = get_settings()
+    return trainers.RunOptions(data_dir=settings.data_dir, compile_cache_dir=settings.resolved_compile_cache_dir())
 
 
 def read_spec(job_id: str) -> tuple[JobSpec, datetime]:

@@ -47,10 +47,10 @@ def test_fashion_mnist_from_the_debian_files(monkeypatch):
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_mnist_idx_files_in_the_data_dir(tmp_path, monkeypatch, compress):
-    monkeypatch.setenv("TRAINHUB_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TRAINHUB_DATA_DIR", "/nowhere")  # the environment is not read: only data_dir
     arrays = write_mnist_files(tmp_path / "MNIST" / "raw", 30, 10, compress)
 
-    dataset = load_dataset(DatasetSpec(name="mnist", train_limit=20))
+    dataset = load_dataset(DatasetSpec(name="mnist", train_limit=20), data_dir=tmp_path)
 
     assert dataset.x_train.shape == (20, 784) and dataset.x_test.shape == (10, 784)
     np.testing.assert_allclose(dataset.x_train, arrays["x_train"][:20].reshape(20, 784) / 255.0, rtol=1e-6)
@@ -67,15 +67,14 @@ def test_parse_idx_rejects_other_files(tmp_path):
 def test_missing_mnist_says_how_to_get_it(tmp_path, monkeypatch):
     if Path(data._OS_DIRS["mnist"]).is_dir():
         pytest.skip("MNIST is installed on this machine")
-    monkeypatch.setenv("TRAINHUB_DATA_DIR", str(tmp_path))
     attempts = []
     # Stand in for torchvision offline, so the test neither depends on nor uses the network.
-    monkeypatch.setattr(data, "_download", attempts.append)
+    monkeypatch.setattr(data, "_download", lambda name, root: attempts.append((name, root)))
 
     with pytest.raises(DataNotFound) as raised:
-        load_dataset(DatasetSpec(name="mnist"))
+        load_dataset(DatasetSpec(name="mnist"), data_dir=tmp_path)
 
-    assert attempts == ["mnist"]
+    assert attempts == [("mnist", tmp_path)]
     message = str(raised.value)
     assert "TRAINHUB_DATA_DIR" in message and "train-images-idx3-ubyte" in message and "datasets.MNIST(" in message
     # The user is told what to do, never the worker's paths; the log (detail) says where it looked.
@@ -84,12 +83,11 @@ def test_missing_mnist_says_how_to_get_it(tmp_path, monkeypatch):
 
 
 def test_missing_fashion_mnist_names_the_debian_package(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAINHUB_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(data, "_OS_DIRS", {**data._OS_DIRS, "fashion-mnist": str(tmp_path / "none")})
-    monkeypatch.setattr(data, "_download", lambda name: None)
+    monkeypatch.setattr(data, "_download", lambda name, root: None)
 
     with pytest.raises(DataNotFound, match="apt-get install dataset-fashion-mnist"):
-        load_dataset(DatasetSpec(name="fashion-mnist"))
+        load_dataset(DatasetSpec(name="fashion-mnist"), data_dir=tmp_path)
 
 
 def test_digits_split_is_fixed():

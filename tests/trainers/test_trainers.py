@@ -202,14 +202,14 @@ def test_slow_steps_ask_should_stop_after_every_step(tmp_path, digits_spec, monk
 def test_jax_persistent_compilation_cache(tmp_path):
     # In a child process: the cache directory is process-wide jax configuration.
     code = (
-        "import tempfile; from pathlib import Path; from trainers import JobSpec, fit\n"
+        "import sys, tempfile; from pathlib import Path; from trainers import JobSpec, RunOptions, fit\n"
         "spec = JobSpec(framework='jax', dataset={'name': 'digits'}, epochs=1)\n"
+        "options = RunOptions(compile_cache_dir=Path(sys.argv[1]))\n"
         "for _ in range(2):\n"
-        "    result = fit(spec, Path(tempfile.mkdtemp()), lambda *_: None)\n"
+        "    result = fit(spec, Path(tempfile.mkdtemp()), lambda *_: None, options=options)\n"
         "    assert result.timings['compilations'] == 1, result.timings\n"
     )
-    env = {**os.environ, "TRAINHUB_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parents[2])
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache")], check=True, cwd=Path(__file__).parents[2])
     assert any(name.startswith("jit_train_chunk") for name in os.listdir(tmp_path / "cache"))
 
 

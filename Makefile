@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # Debian's package puts Fashion-MNIST here (MNIST's IDX format); the demo trains on it.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data demo test test-fast bench clean
+.PHONY: install data demo test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -31,6 +31,12 @@ test: install data
 
 test-fast: install
 	$(PY) -m pytest -m "not e2e"
+
+# Style and types of the three packages (ruff: lint and format; mypy: types). CI runs it first.
+lint: install
+	$(VENV)/bin/ruff check app workers trainers
+	$(VENV)/bin/ruff format --check app workers trainers
+	$(VENV)/bin/mypy
 
 bench: install data
 	$(PY) -m bench

@@ -9,7 +9,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -20,8 +20,9 @@ from app.client import FINISHED, ApiError, TrainhubClient
 from app.config import Settings, get_settings
 from app.status import JobStatus
 
-cli = typer.Typer(help="trainhub: training as a service for JAX and PyTorch.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+cli = typer.Typer(
+    help="trainhub: training as a service for JAX and PyTorch.", no_args_is_help=True, pretty_exceptions_enable=False
+)
 keys_cli = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 cli.add_typer(keys_cli, name="keys")
 console = Console(stderr=True)
@@ -38,11 +39,13 @@ def main() -> None:
 def up(
     host: str = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
-    var_dir: Annotated[Path, typer.Option(help="SQLite, broker and artifacts live here",
-                                          envvar="TRAINHUB_VAR_DIR")] = Path("var"),
+    var_dir: Annotated[
+        Path, typer.Option(help="SQLite, broker and artifacts live here", envvar="TRAINHUB_VAR_DIR")
+    ] = Path("var"),
     workers: Annotated[int, typer.Option(min=1, max=8)] = 1,
-    cpu_devices: Annotated[int, typer.Option(min=1, help="devices each worker's cores count as, for data "
-                                             "parallel jobs (spec devices > 1)")] = 1,
+    cpu_devices: Annotated[
+        int, typer.Option(min=1, help="devices each worker's cores count as, for data parallel jobs (spec devices > 1)")
+    ] = 1,
 ) -> None:
     """The embedded stack: the API and cpu worker(s) over SQLite and a local broker under VAR_DIR.
 
@@ -64,15 +67,17 @@ def up(
     running = stack.start(settings.var_dir, host, port, workers, cpu_devices)
     stopped = threading.Event()
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int, _frame: object) -> None:
         stopped.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
         running.wait_ready()
-        print(f"trainhub is up at {running.url} (docs at {running.url}/docs; logs in {settings.var_dir / 'logs'})",
-              flush=True)
+        print(
+            f"trainhub is up at {running.url} (docs at {running.url}/docs; logs in {settings.var_dir / 'logs'})",
+            flush=True,
+        )
         print(f"export TRAINHUB_API_URL={running.url}  # for the CLI in another shell", flush=True)
         print(f"API key: {secret}", flush=True)
         while not stopped.wait(0.5):
@@ -80,7 +85,7 @@ def up(
                 running.supervise(say=lambda line: console.print(f"[yellow]{escape(line)}[/yellow]"))
             except stack.ChildKeepsFailing as exc:
                 console.print(f"[red]{escape(str(exc))}; stopping[/red]")
-                raise typer.Exit(1)
+                raise typer.Exit(1) from None
     finally:
         running.stop()
         print("trainhub stopped", flush=True)
@@ -90,20 +95,31 @@ def up(
 def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
-    workers: Annotated[int, typer.Option(min=1, help="API processes (uvicorn workers); each runs its own "
-                                                     "Python, so more of them use more cores")] = 1,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1, help="API processes (uvicorn workers); each runs its own Python, so more of them use more cores"
+        ),
+    ] = 1,
 ) -> None:
     """The API alone (uvicorn), on the database and broker of TRAINHUB_* settings."""
     import uvicorn
 
     if workers > 1 and get_settings().resolved_database_url().startswith("sqlite"):
         # The per-key quotas lock the key's row (app/limits.py), which SQLite cannot: one process.
-        fail("--workers above 1 needs PostgreSQL (TRAINHUB_DATABASE_URL); the embedded SQLite database "
-             "serves one API process")
+        fail(
+            "--workers above 1 needs PostgreSQL (TRAINHUB_DATABASE_URL); the embedded SQLite database "
+            "serves one API process"
+        )
     # Open event streams and downloads would hold a graceful shutdown forever: they get
     # shutdown_timeout_s to end, then are cancelled (a client resumes with Last-Event-ID or Range).
-    uvicorn.run("app.main:app", host=host, port=port, workers=workers,
-                timeout_graceful_shutdown=get_settings().shutdown_timeout_s)
+    uvicorn.run(
+        "app.main:app",
+        host=host,
+        port=port,
+        workers=workers,
+        timeout_graceful_shutdown=get_settings().shutdown_timeout_s,
+    )
 
 
 @cli.command()
@@ -121,13 +137,23 @@ def worker(
     hardware: Annotated[str, typer.Option(help="cpu, gpu or tpu")] = "cpu",
     devices: Annotated[Optional[str], typer.Option(help="device indices, e.g. 0,1")] = None,
     frameworks: Annotated[str, typer.Option(help="frameworks to serve")] = "jax,pytorch",
-    cpu_devices: Annotated[int, typer.Option(min=1, help="cpu only: devices its cores count as for data "
-                                             "parallel jobs (spec devices > 1)")] = 1,
+    cpu_devices: Annotated[
+        int, typer.Option(min=1, help="cpu only: devices its cores count as for data parallel jobs (spec devices > 1)")
+    ] = 1,
 ) -> None:
     """One worker pinned to HARDWARE, serving <hardware>.<framework> queues (pool solo); a worker
     owning N devices also serves the data parallel queues <hardware>.<framework>.x2 ... .xN."""
-    argv = [sys.executable, "-m", "workers", "--hardware", hardware, "--frameworks", frameworks,
-            "--cpu-devices", str(cpu_devices)]
+    argv = [
+        sys.executable,
+        "-m",
+        "workers",
+        "--hardware",
+        hardware,
+        "--frameworks",
+        frameworks,
+        "--cpu-devices",
+        str(cpu_devices),
+    ]
     if devices is not None:
         argv += ["--devices", devices]
     # exec, so the pinned process is this one: nothing was imported from jax or torch here.
@@ -154,8 +180,9 @@ def keys_create(
     with session_scope() as session:
         key, secret = create_key(session, name, admin=admin)
     kind = "admin key" if admin else "key"
-    console.print(f"created {kind} {key.prefix}… (id {key.id}) named {escape(repr(name))}; "
-                  "store it now, it is not shown again")
+    console.print(
+        f"created {kind} {key.prefix}… (id {key.id}) named {escape(repr(name))}; store it now, it is not shown again"
+    )
     print(secret)
 
 
@@ -167,9 +194,17 @@ def keys_list(as_json: Annotated[bool, typer.Option("--json", help="print the ke
 
     migrate()
     with session_scope() as session:
-        rows = [{"id": k.id, "prefix": k.prefix, "name": k.name, "admin": k.is_admin,
-                 "created_at": k.created_at.isoformat(),
-                 "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None} for k in list_keys(session)]
+        rows = [
+            {
+                "id": k.id,
+                "prefix": k.prefix,
+                "name": k.name,
+                "admin": k.is_admin,
+                "created_at": k.created_at.isoformat(),
+                "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+            }
+            for k in list_keys(session)
+        ]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -177,8 +212,14 @@ def keys_list(as_json: Annotated[bool, typer.Option("--json", help="print the ke
     for column in ("id", "prefix", "name", "admin", "created", "revoked"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["id"], row["prefix"] + "…", escape(row["name"]), "yes" if row["admin"] else "",
-                      row["created_at"][:19], (row["revoked_at"] or "")[:19])
+        table.add_row(
+            str(row["id"]),
+            f"{row['prefix']}…",
+            escape(str(row["name"])),
+            "yes" if row["admin"] else "",
+            str(row["created_at"])[:19],
+            str(row["revoked_at"] or "")[:19],
+        )
     Console().print(table)
 
 
@@ -195,10 +236,11 @@ def keys_revoke(key: Annotated[str, typer.Argument(help="the key's id or prefix,
             revoked = revoke_key(session, key.removesuffix("…"))
         except AmbiguousKey:
             fail(f"{key!r} names more than one key; use the id from `trainhub keys list`")
-        if revoked is None:
+        if revoked is None or revoked.revoked_at is None:
             fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
-        console.print(f"revoked key {revoked.prefix}… named {escape(repr(revoked.name))} "
-                      f"at {revoked.revoked_at.isoformat()}")
+        console.print(
+            f"revoked key {revoked.prefix}… named {escape(repr(revoked.name))} at {revoked.revoked_at.isoformat()}"
+        )
 
 
 # --- jobs ------------------------------------------------------------------------------------
@@ -211,7 +253,7 @@ def client_from_settings() -> TrainhubClient:
     return TrainhubClient(settings.api_url, settings.api_key)
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     console.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(code)
 
@@ -227,8 +269,10 @@ def friendly_errors():
         hint = " (check TRAINHUB_API_KEY: the server does not know this key)" if exc.status_code == 401 else ""
         fail(f"{exc}{hint}")
     except httpx.TransportError as exc:
-        fail(f"cannot reach trainhub at {get_settings().api_url}: {exc or type(exc).__name__} "
-             "(is the server running? TRAINHUB_API_URL says where it is)")
+        fail(
+            f"cannot reach trainhub at {get_settings().api_url}: {exc or type(exc).__name__} "
+            "(is the server running? TRAINHUB_API_URL says where it is)"
+        )
 
 
 def call(fn, *args, **kwargs):
@@ -240,10 +284,17 @@ def call(fn, *args, **kwargs):
 # The spec options of `submit` and `compare`, each with the field of the spec it sets. None (not
 # given) leaves the field to the --spec file, or to the API's default.
 SPEC_OPTIONS = {
-    "framework": ("framework",), "hardware": ("hardware",), "dataset": ("dataset", "name"),
-    "train_limit": ("dataset", "train_limit"), "test_limit": ("dataset", "test_limit"),
-    "epochs": ("epochs",), "batch_size": ("batch_size",), "learning_rate": ("optimizer", "learning_rate"),
-    "hidden_sizes": ("model", "hidden_sizes"), "dropout": ("model", "dropout"), "seed": ("seed",),
+    "framework": ("framework",),
+    "hardware": ("hardware",),
+    "dataset": ("dataset", "name"),
+    "train_limit": ("dataset", "train_limit"),
+    "test_limit": ("dataset", "test_limit"),
+    "epochs": ("epochs",),
+    "batch_size": ("batch_size",),
+    "learning_rate": ("optimizer", "learning_rate"),
+    "hidden_sizes": ("model", "hidden_sizes"),
+    "dropout": ("model", "dropout"),
+    "seed": ("seed",),
     "name": ("name",),
 }
 
@@ -262,15 +313,28 @@ def submit(
     train_limit: Optional[int] = None,
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
-    spec_file: Annotated[Optional[Path], typer.Option(
-        "--spec", help="a JobSpec JSON file; options given with it override its fields")] = None,
+    spec_file: Annotated[
+        Optional[Path], typer.Option("--spec", help="a JobSpec JSON file; options given with it override its fields")
+    ] = None,
     wait: Annotated[bool, typer.Option(help="show progress and end with the result")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the Job as JSON")] = False,
 ) -> None:
     """Submit a job; prints its id (or the Job as JSON)."""
-    spec = spec_from_options(spec_file, framework=framework, hardware=hardware, dataset=dataset, epochs=epochs,
-                             batch_size=batch_size, learning_rate=learning_rate, hidden_sizes=hidden_sizes,
-                             dropout=dropout, seed=seed, train_limit=train_limit, test_limit=test_limit, name=name)
+    spec = spec_from_options(
+        spec_file,
+        framework=framework,
+        hardware=hardware,
+        dataset=dataset,
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        hidden_sizes=hidden_sizes,
+        dropout=dropout,
+        seed=seed,
+        train_limit=train_limit,
+        test_limit=test_limit,
+        name=name,
+    )
     spec.setdefault("framework", "jax")
     with client_from_settings() as client:
         job = call(client.submit, spec)
@@ -284,7 +348,7 @@ def submit(
         raise typer.Exit(1)
 
 
-def spec_from_options(spec_file: Path | None, **options) -> dict:
+def spec_from_options(spec_file: Path | None, **options: object) -> dict:
     """A spec body: the --spec file's JSON (or nothing), then each option given set on its field
     (SPEC_OPTIONS). An option that changes a field the file set says so on stderr, so nothing a
     user typed is silently ignored; the submitted spec shows the result."""
@@ -293,17 +357,22 @@ def spec_from_options(spec_file: Path | None, **options) -> dict:
         if value is None:
             continue
         if option == "hidden_sizes":
-            value = parse_sizes(value)
+            value = parse_sizes(str(value))
         *parents, field = SPEC_OPTIONS[option]
         target = spec
         for parent in parents:
             if not isinstance(target.get(parent, {}), dict):
-                raise typer.BadParameter(f"the spec file's {parent!r} is not an object, so --{option.replace('_', '-')} "
-                                         "cannot set a field in it", param_hint="--spec")
+                raise typer.BadParameter(
+                    f"the spec file's {parent!r} is not an object, so --{option.replace('_', '-')} "
+                    "cannot set a field in it",
+                    param_hint="--spec",
+                )
             target = target.setdefault(parent, {})
         if field in target and target[field] != value:
-            console.print(f"--{option.replace('_', '-')} {value} overrides the spec file's "
-                              f"{'.'.join(SPEC_OPTIONS[option])} ({target[field]})")
+            console.print(
+                f"--{option.replace('_', '-')} {value} overrides the spec file's "
+                f"{'.'.join(SPEC_OPTIONS[option])} ({target[field]})"
+            )
         target[field] = value
     return spec
 
@@ -316,10 +385,11 @@ def read_spec_file(path: Path) -> dict:
     try:
         spec = json.loads(path.read_text(), object_pairs_hook=refuse_duplicate_keys)
     except DuplicateKey as exc:
-        raise typer.BadParameter(f"{path} names the key {exc.key!r} twice in one object; keep one",
-                                 param_hint="--spec")
+        raise typer.BadParameter(
+            f"{path} names the key {exc.key!r} twice in one object; keep one", param_hint="--spec"
+        ) from None
     except (OSError, ValueError) as exc:
-        raise typer.BadParameter(f"cannot read a JSON spec from {path}: {exc}", param_hint="--spec")
+        raise typer.BadParameter(f"cannot read a JSON spec from {path}: {exc}", param_hint="--spec") from None
     if not isinstance(spec, dict):
         raise typer.BadParameter(f"{path} holds JSON but not an object of spec fields", param_hint="--spec")
     return spec
@@ -329,8 +399,10 @@ def parse_sizes(hidden_sizes: str) -> list[int]:
     try:
         return [int(h) for h in hidden_sizes.split(",") if h.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{hidden_sizes!r} is not a comma-separated list of whole numbers, e.g. 256,128",
-                                 param_hint="--hidden-sizes")
+        raise typer.BadParameter(
+            f"{hidden_sizes!r} is not a comma-separated list of whole numbers, e.g. 256,128",
+            param_hint="--hidden-sizes",
+        ) from None
 
 
 def follow(client: TrainhubClient, job_id: str) -> dict:
@@ -341,28 +413,41 @@ def follow(client: TrainhubClient, job_id: str) -> dict:
     job = call(client.get, job_id)
     epochs = job["progress"]["epochs"]
     epoch_s: list[float] = []
-    columns = (TextColumn("{task.description}"), BarColumn(),
-               TextColumn("epoch {task.completed:.0f} of {task.total:.0f}"), TextColumn("{task.fields[info]}"))
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("epoch {task.completed:.0f} of {task.total:.0f}"),
+        TextColumn("{task.fields[info]}"),
+    )
     try:
         with Progress(*columns, console=console) as progress, friendly_errors():
-            task = progress.add_task(f"{job['spec']['framework']} {job_id[:8]}", total=epochs,
-                                     completed=job["progress"]["epoch"], info=job["waiting_reason"] or job["status"])
+            task = progress.add_task(
+                f"{job['spec']['framework']} {job_id[:8]}",
+                total=epochs,
+                completed=job["progress"]["epoch"],
+                info=job["waiting_reason"] or job["status"],
+            )
             for event in client.events(job_id):
                 if event.event == "metrics":
                     metrics = event.data
                     epoch_s.append(metrics["epoch_time_s"] + metrics["eval_time_s"])
                     eta = eta_s(epoch_s, epochs - metrics["epoch"])
-                    info = (f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}"
-                            f"  ETA {_clock(eta)}")
+                    info = (
+                        f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}"
+                        f"  ETA {_clock(eta)}"
+                    )
                     progress.update(task, completed=metrics["epoch"], info=info)
                 elif event.event == "waiting" and event.data["waiting_reason"]:
                     progress.update(task, info=f"waiting: {event.data['waiting_reason']}")
                 elif event.event == "status" and not epoch_s:
-                    progress.update(task, info=event.data["status"] + (
-                        f": {event.data['waiting_reason']}" if event.data.get("waiting_reason") else ""))
+                    progress.update(
+                        task,
+                        info=event.data["status"]
+                        + (f": {event.data['waiting_reason']}" if event.data.get("waiting_reason") else ""),
+                    )
     except KeyboardInterrupt:
         console.print(f"stopped watching; job {job_id} goes on (`trainhub watch {job_id}` to follow it again)")
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     job = call(client.get, job_id)
     print_result(job)
     return job
@@ -386,8 +471,10 @@ def _clock(seconds: float) -> str:
 
 def print_result(job: dict) -> None:
     if job["status"] == JobStatus.SUCCEEDED:
-        console.print(f"[green]succeeded[/green]: test accuracy {job['result']['test_accuracy']:.4f}, "
-                      f"test loss {job['result']['test_loss']:.4f}")
+        console.print(
+            f"[green]succeeded[/green]: test accuracy {job['result']['test_accuracy']:.4f}, "
+            f"test loss {job['result']['test_loss']:.4f}"
+        )
     elif job["status"] == JobStatus.FAILED:
         console.print(f"[red]failed[/red]: {job['error']['type']}: {job['error']['message']}")
     else:
@@ -406,9 +493,12 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
     spec = job["spec"]
     table.add_row("status", job["status"] + (f" ({job['waiting_reason']})" if job["waiting_reason"] else ""))
     devices = spec.get("devices", 1)
-    table.add_row("spec", f"{spec['framework']} on {spec['hardware']}"
-                          f"{f' x{devices} devices' if devices > 1 else ''}, {spec['dataset']['name']}, "
-                          f"{spec['epochs']} epochs, batch {spec['batch_size']}")
+    table.add_row(
+        "spec",
+        f"{spec['framework']} on {spec['hardware']}"
+        f"{f' x{devices} devices' if devices > 1 else ''}, {spec['dataset']['name']}, "
+        f"{spec['epochs']} epochs, batch {spec['batch_size']}",
+    )
     table.add_row("progress", f"epoch {job['progress']['epoch']} of {job['progress']['epochs']}")
     if (worker := job["worker"]) and job["status"] != JobStatus.QUEUED:  # (a released job's is its last attempt's)
         table.add_row("worker", f"{worker['name']} on {', '.join(worker.get('devices', [])) or worker['hardware']}")
@@ -424,7 +514,9 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
 
 
 @cli.command()
-def cancel(job_id: str, wait: Annotated[bool, typer.Option("--wait", help="wait until the job has stopped")] = False) -> None:
+def cancel(
+    job_id: str, wait: Annotated[bool, typer.Option("--wait", help="wait until the job has stopped")] = False
+) -> None:
     """Cancel a job: a queued one never runs; a running one stops after the step it is on (its
     finished epochs' metrics stay). Cancelling a cancelled job is fine; exits 1 if it had
     already succeeded or failed."""
@@ -438,7 +530,9 @@ def cancel(job_id: str, wait: Annotated[bool, typer.Option("--wait", help="wait 
 
 
 @cli.command()
-def watch(job_id: str, as_json: Annotated[bool, typer.Option("--json", help="print the final Job as JSON")] = False) -> None:
+def watch(
+    job_id: str, as_json: Annotated[bool, typer.Option("--json", help="print the final Job as JSON")] = False
+) -> None:
     """Follow a job with a progress bar (epoch k of n, loss, accuracy, ETA) until it ends;
     exits 0 only when it succeeded."""
     with client_from_settings() as client:
@@ -470,16 +564,99 @@ def download(
             for name in names:
                 task = progress.add_task(name, total=listed.get(name, {}).get("size_bytes"))
                 try:
-                    path = call(client.download, job_id, name, output,
-                                on_progress=lambda done, total, task=task: progress.update(task, completed=done, total=total))
+                    path = call(
+                        client.download,
+                        job_id,
+                        name,
+                        output,
+                        on_progress=lambda done, total, task=task: progress.update(task, completed=done, total=total),
+                    )
                 except ValueError as exc:  # the checksum differs: the file was not kept
                     fail(str(exc))
-                saved.append({"name": name, "path": str(path), "size_bytes": listed[name]["size_bytes"],
-                              "sha256": listed[name]["sha256"]})
+                saved.append(
+                    {
+                        "name": name,
+                        "path": str(path),
+                        "size_bytes": listed[name]["size_bytes"],
+                        "sha256": listed[name]["sha256"],
+                    }
+                )
                 if not as_json:
                     print(path)
     if as_json:
         print(json.dumps(saved, indent=2))
+
+
+@cli.command("list")
+def list_jobs(
+    status: Annotated[Optional[JobStatus], typer.Option(help="only jobs in this status")] = None,
+    framework: Annotated[Optional[str], typer.Option(help="jax or pytorch")] = None,
+    hardware: Annotated[Optional[str], typer.Option(help="cpu, gpu or tpu")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100, help="jobs per page")] = 20,
+    cursor: Annotated[Optional[str], typer.Option(help="the next_cursor a previous page printed")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JobPage as JSON")] = False,
+) -> None:
+    """Your jobs, newest first (an admin key: everyone's), with the API's filters."""
+    with client_from_settings() as client:
+        page = call(
+            client.list,
+            status=status.value if status else None,
+            framework=framework,
+            hardware=hardware,
+            limit=limit,
+            cursor=cursor,
+        )
+    if as_json:
+        print(json.dumps(page, indent=2))
+        return
+    table = Table(title="jobs")
+    table.add_column("id", min_width=8, no_wrap=True)
+    for column in ("status", "runs on", "dataset", "epoch", "test acc", "created", "name"):
+        table.add_column(column)
+    for job in page["items"]:
+        spec = job["spec"]
+        table.add_row(
+            job["id"][:8],
+            job["status"],
+            f"{spec['framework']}/{spec['hardware']}",
+            spec["dataset"]["name"],
+            f"{job['progress']['epoch']}/{job['progress']['epochs']}",
+            _metric((job["result"] or {}).get("test_accuracy")),
+            job["created_at"][:16].replace("T", " "),
+            escape(spec.get("name") or ""),
+        )
+    Console().print(table)
+    if page["next_cursor"]:
+        console.print(f"more: trainhub list --cursor {page['next_cursor']}")
+
+
+@cli.command("comparisons")
+def list_comparisons(
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="print the Comparisons as JSON")] = False,
+) -> None:
+    """Your comparisons, newest first: both jobs, the status and the parity check."""
+    with client_from_settings() as client:
+        comparisons = call(client.comparisons, limit)
+    if as_json:
+        print(json.dumps(comparisons, indent=2))
+        return
+    table = Table(title="comparisons")
+    table.add_column("id", min_width=8, no_wrap=True)
+    for column in ("status", "dataset", "jax job", "pytorch job", "parity", "created"):
+        table.add_column(column, no_wrap=column.endswith("job"))
+    for comparison in comparisons:
+        parity = comparison["parity"]
+        table.add_row(
+            comparison["id"][:8],
+            comparison["status"],
+            comparison["spec"]["dataset"]["name"],
+            comparison["jobs"]["jax"]["id"][:8],
+            comparison["jobs"]["pytorch"]["id"][:8],
+            "" if parity is None else "passed" if parity["passed"] else "mismatch",
+            comparison["created_at"][:19],
+        )
+    Console().print(table)
 
 
 @cli.command("workers")
@@ -500,7 +677,9 @@ def list_workers(as_json: Annotated[bool, typer.Option("--json", help="print the
         workers.add_column(column)
     for w in fleet["workers"]:
         current = w["current_job_id"] or ("busy" if w["busy"] else "idle" if w["online"] else "")
-        workers.add_row(w["name"], "yes" if w["online"] else "no", ", ".join(w["queues"]), ", ".join(w["devices"]), current)
+        workers.add_row(
+            w["name"], "yes" if w["online"] else "no", ", ".join(w["queues"]), ", ".join(w["devices"]), current
+        )
     Console().print(queues, workers)
 
 
@@ -517,23 +696,43 @@ def compare(
     train_limit: Optional[int] = None,
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
-    spec_file: Annotated[Optional[Path], typer.Option(
-        "--spec", help="a spec JSON file (no framework); options given with it override its fields")] = None,
+    spec_file: Annotated[
+        Optional[Path],
+        typer.Option("--spec", help="a spec JSON file (no framework); options given with it override its fields"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the Comparison as JSON")] = False,
 ) -> None:
     """Train one spec in JAX and in PyTorch and print them side by side."""
-    spec = spec_from_options(spec_file, hardware=hardware, dataset=dataset, epochs=epochs, batch_size=batch_size,
-                             learning_rate=learning_rate, hidden_sizes=hidden_sizes, dropout=dropout, seed=seed,
-                             train_limit=train_limit, test_limit=test_limit, name=name)
+    spec = spec_from_options(
+        spec_file,
+        hardware=hardware,
+        dataset=dataset,
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        hidden_sizes=hidden_sizes,
+        dropout=dropout,
+        seed=seed,
+        train_limit=train_limit,
+        test_limit=test_limit,
+        name=name,
+    )
     with client_from_settings() as client:
         comparison = call(client.compare, spec)
-        console.print(f"comparison {comparison['id']}: jax job {comparison['jobs']['jax']['id']}, "
-                      f"pytorch job {comparison['jobs']['pytorch']['id']}")
+        console.print(
+            f"comparison {comparison['id']}: jax job {comparison['jobs']['jax']['id']}, "
+            f"pytorch job {comparison['jobs']['pytorch']['id']}"
+        )
         with console.status("training in both frameworks…") as spinner:
+
             def update(c: dict) -> None:
-                spinner.update(" · ".join(
-                    f"{fw} {job['status']} epoch {job['progress']['epoch']}/{job['progress']['epochs']}"
-                    for fw, job in c["jobs"].items()))
+                spinner.update(
+                    " · ".join(
+                        f"{fw} {job['status']} epoch {job['progress']['epoch']}/{job['progress']['epochs']}"
+                        for fw, job in c["jobs"].items()
+                    )
+                )
+
             comparison = call(client.wait_comparison, comparison["id"], on_update=update)
     if as_json:
         print(json.dumps(comparison, indent=2))
@@ -549,10 +748,15 @@ def comparison_table(comparison: dict) -> Table:
     spec = comparison["spec"]
     caption = [(comparison["parity"] or {}).get("message") or ""]
     if comparison.get("overlap_s"):
-        caption.append(f"the two jobs ran at the same time for {comparison['overlap_s']:.1f} s: "
-                       "on one host, their timings include that contention")
-    table = Table(title=f"{spec['dataset']['name']} {model_summary(spec['model'])} on {spec['hardware']}, "
-                        f"{spec['epochs']} epochs", caption="\n".join(c for c in caption if c))
+        caption.append(
+            f"the two jobs ran at the same time for {comparison['overlap_s']:.1f} s: "
+            "on one host, their timings include that contention"
+        )
+    table = Table(
+        title=f"{spec['dataset']['name']} {model_summary(spec['model'])} on {spec['hardware']}, "
+        f"{spec['epochs']} epochs",
+        caption="\n".join(c for c in caption if c),
+    )
     for column in ("", "PyTorch", "JAX", "JAX / PyTorch"):
         table.add_column(column, justify="left" if not column else "right")
     for row in comparison["table"] or []:
@@ -563,12 +767,15 @@ def comparison_table(comparison: dict) -> Table:
 def model_summary(model: dict) -> str:
     """e.g. "MLP [256, 128]" or "CNN conv [32, 64], dense [128], batch norm"."""
     name = model.get("name", "mlp")
-    text = f"CNN conv {model.get('channels')}, dense {model['hidden_sizes']}" if name == "cnn" else \
-        f"MLP {model['hidden_sizes']}"
+    text = (
+        f"CNN conv {model.get('channels')}, dense {model['hidden_sizes']}"
+        if name == "cnn"
+        else f"MLP {model['hidden_sizes']}"
+    )
     return text + (", batch norm" if model.get("batch_norm") else "")
 
 
-def _number(value) -> str:
+def _number(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
@@ -595,8 +802,9 @@ def export(
 def demo(
     epochs: int = 5,
     dataset: str = "fashion-mnist",
-    var_dir: Annotated[Path, typer.Option(help="where the embedded stack keeps its files",
-                                          envvar="TRAINHUB_VAR_DIR")] = Path("var"),
+    var_dir: Annotated[
+        Path, typer.Option(help="where the embedded stack keeps its files", envvar="TRAINHUB_VAR_DIR")
+    ] = Path("var"),
 ) -> None:
     """Start the embedded stack, train the seeds' MNIST MLP in JAX and in PyTorch through the
     HTTP API, print them side by side, and stop the stack."""

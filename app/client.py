@@ -13,6 +13,7 @@ when the server cannot be reached.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import time
@@ -70,7 +71,7 @@ class Event:
 def parse_sse(lines: Iterable[str]) -> Iterator[Event]:
     """Events from the lines of a text/event-stream (the WHATWG format: `field: value` lines,
     a blank line ends an event, `:` starts a comment)."""
-    event_id, name, data = None, "message", []
+    event_id, name, data = None, "message", list[str]()
     for line in lines:
         if line == "":
             if data:
@@ -103,10 +104,10 @@ class TrainhubClient:
     def __enter__(self) -> TrainhubClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs) -> Any:
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.http.request(method, path, **kwargs)
         _raise_for_status(response)
         return response.json()
@@ -120,7 +121,7 @@ class TrainhubClient:
         """GET /jobs/{id}."""
         return self._request("GET", f"/jobs/{_segment(job_id)}")
 
-    def list(self, **filters) -> dict:
+    def list(self, **filters: object) -> dict:
         """GET /jobs with filters status, framework, hardware, limit, cursor."""
         return self._request("GET", "/jobs", params={k: v for k, v in filters.items() if v is not None})
 
@@ -128,7 +129,10 @@ class TrainhubClient:
         return self._request("POST", f"/jobs/{_segment(job_id)}/cancel")
 
     def wait(
-        self, job_id: str, poll_s: float = 0.5, timeout_s: float | None = None,
+        self,
+        job_id: str,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
         on_update: Callable[[dict], None] | None = None,
     ) -> dict:
         """Poll until the job ends; the final Job. Raises TimeoutError after `timeout_s` seconds."""
@@ -138,20 +142,33 @@ class TrainhubClient:
         """POST /comparisons: the spec (no framework) trained in JAX and in PyTorch."""
         return self._request("POST", "/comparisons", json=spec)
 
+    def comparisons(self, limit: int = 20) -> builtins.list[dict]:
+        """GET /comparisons: the caller's comparisons, newest first."""
+        return self._request("GET", "/comparisons", params={"limit": limit})
+
     def get_comparison(self, comparison_id: str) -> dict:
         return self._request("GET", f"/comparisons/{_segment(comparison_id)}")
 
     def wait_comparison(
-        self, comparison_id: str, poll_s: float = 0.5, timeout_s: float | None = None,
+        self,
+        comparison_id: str,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
         on_update: Callable[[dict], None] | None = None,
     ) -> dict:
         """Poll until the comparison ends (both jobs and the parity check); the final Comparison."""
-        return self._poll(lambda: self.get_comparison(comparison_id), f"comparison {comparison_id}", poll_s,
-                          timeout_s, on_update)
+        return self._poll(
+            lambda: self.get_comparison(comparison_id), f"comparison {comparison_id}", poll_s, timeout_s, on_update
+        )
 
     @staticmethod
-    def _poll(fetch: Callable[[], dict], what: str, poll_s: float, timeout_s: float | None,
-              on_update: Callable[[dict], None] | None) -> dict:
+    def _poll(
+        fetch: Callable[[], dict],
+        what: str,
+        poll_s: float,
+        timeout_s: float | None,
+        on_update: Callable[[dict], None] | None,
+    ) -> dict:
         """`fetch()` every `poll_s` seconds until its status is finished; TimeoutError after `timeout_s`."""
         deadline = time.monotonic() + timeout_s if timeout_s else None
         while True:
@@ -193,7 +210,7 @@ class TrainhubClient:
                 failures += 1
                 if failures > retries:
                     raise
-                time.sleep(min(0.25 * 2 ** failures, 5.0))
+                time.sleep(min(0.25 * 2**failures, 5.0))
 
     def workers(self) -> dict:
         """GET /workers: the workers (online or not, what each serves) and the queue depths."""
@@ -205,11 +222,15 @@ class TrainhubClient:
         _raise_for_status(response)
         return response.text
 
-    def artifacts(self, job_id: str) -> list[dict]:
+    def artifacts(self, job_id: str) -> builtins.list[dict]:
         return self._request("GET", f"/jobs/{_segment(job_id)}/artifacts")
 
     def download(
-        self, job_id: str, name: str, dest_dir: Path, on_progress: Callable[[int, int], None] | None = None,
+        self,
+        job_id: str,
+        name: str,
+        dest_dir: Path,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> Path:
         """Save one artifact into `dest_dir` and check its sha256 against the listing;
         `on_progress(bytes_so_far, total_bytes)` is called as chunks arrive. The file appears
@@ -234,7 +255,9 @@ class TrainhubClient:
                         if on_progress:
                             on_progress(done, total)
             if digest.hexdigest() != listed[name]["sha256"]:
-                raise ValueError(f"{name}: sha256 {digest.hexdigest()} differs from the listed {listed[name]['sha256']}")
+                raise ValueError(
+                    f"{name}: sha256 {digest.hexdigest()} differs from the listed {listed[name]['sha256']}"
+                )
             partial.replace(path)
         finally:
             partial.unlink(missing_ok=True)

@@ -19,8 +19,13 @@ def create_comparison(session: Session, owner: Caller, spec: ComparisonSpec) -> 
     jax_job, torch_job = (jobs.new_job(owner, spec.for_framework(fw)) for fw in FRAMEWORKS)
     session.add_all([jax_job, torch_job])
     session.flush()
-    comparison = Comparison(owner_id=owner.id, spec=spec.model_dump(mode="json"),
-                            jax_job_id=jax_job.id, pytorch_job_id=torch_job.id, created_at=jax_job.created_at)
+    comparison = Comparison(
+        owner_id=owner.id,
+        spec=spec.model_dump(mode="json"),
+        jax_job_id=jax_job.id,
+        pytorch_job_id=torch_job.id,
+        created_at=jax_job.created_at,
+    )
     session.add(comparison)
     session.flush()
     limits.check_quota(session, owner, len(FRAMEWORKS))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, TypeVar
 
 from fastapi import Request
 from sqlalchemy import Engine, create_engine, event, exc
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import get_settings
 
+T = TypeVar("T")
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
@@ -30,11 +32,12 @@ def make_engine(url: str) -> Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
-                               json_serializer=strict_json)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, json_serializer=strict_json
+        )
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection, _record) -> None:
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA foreign_keys=ON")
@@ -42,8 +45,13 @@ def make_engine(url: str) -> Engine:
 
         return engine
     settings = get_settings()
-    engine = create_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow,
-                           pool_timeout=settings.db_pool_timeout_s, json_serializer=strict_json)
+    engine = create_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout=settings.db_pool_timeout_s,
+        json_serializer=strict_json,
+    )
     ping_when_idle(engine)
     return engine
 
@@ -62,11 +70,11 @@ def ping_when_idle(engine: Engine, idle_s: float = PING_AFTER_IDLE_S) -> None:
     SQLAlchemy then invalidates the pool's other connections as well."""
 
     @event.listens_for(engine, "checkin")
-    def _checked_in(_dbapi_connection, record) -> None:
+    def _checked_in(_dbapi_connection: Any, record: Any) -> None:
         record.info["idle_since"] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
-    def _checked_out(dbapi_connection, record, _proxy) -> None:
+    def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         if time.monotonic() - record.info.get("idle_since", float("-inf")) <= idle_s:
             return
         try:
@@ -142,7 +150,9 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, _TRANSIENT)
 
 
-def retrying(operation, deadline_s: float | None = None, first_wait_s: float = 0.2, max_wait_s: float = 5.0):
+def retrying(
+    operation: Callable[[], T], deadline_s: float | None = None, first_wait_s: float = 0.2, max_wait_s: float = 5.0
+) -> T:
     """`operation()`, called again while it fails with a transient database error, for up to
     `deadline_s` seconds (Settings.db_retry_s: a restart or short outage), waiting twice as long
     each time; its last error is raised after that. Each call must open its own session, so a
@@ -157,7 +167,8 @@ def retrying(operation, deadline_s: float | None = None, first_wait_s: float = 0
         except Exception as error:
             if not is_transient(error) or time.monotonic() + wait > deadline:
                 raise
-            logging.getLogger(__name__).warning("database unavailable (%s); retrying in %.1f s",
-                                                type(error).__name__, wait)
+            logging.getLogger(__name__).warning(
+                "database unavailable (%s); retrying in %.1f s", type(error).__name__, wait
+            )
         time.sleep(wait)
         wait = min(max_wait_s, wait * 2)

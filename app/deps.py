@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, status
+from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -17,6 +17,7 @@ _bearer = HTTPBearer(auto_error=False, description="An API key from `trainhub ke
 
 
 def current_user(
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
     """The API key of the request; 401 when it is missing, malformed, unknown or revoked.
@@ -28,7 +29,7 @@ def current_user(
     if credentials is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
-            "missing API key: send 'Authorization: Bearer <key>' (create one with `trainhub keys create`)",
+            _missing_key_message(request.headers.get("authorization")),
             headers={"WWW-Authenticate": "Bearer"},
         )
     with get_reader_sessionmaker()() as session:
@@ -38,6 +39,20 @@ def current_user(
             status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"}
         )
     return key
+
+
+def _missing_key_message(authorization: str | None) -> str:
+    """Why no API key was read, and the fix: no header, a key without `Bearer `, or another scheme.
+    Nothing of the header is echoed but a scheme name (never part of a secret)."""
+    fix = "send 'Authorization: Bearer <key>' (create one with `trainhub keys create`)"
+    scheme = (authorization or "").split(" ", 1)[0]
+    if not authorization:
+        return f"missing API key: {fix}"
+    if scheme.startswith("th_"):
+        return "missing API key scheme: the Authorization header holds an API key without 'Bearer ' before it; " + fix
+    if scheme.isalpha() and scheme.lower() != "bearer" and len(scheme) <= 20:
+        return f"missing API key: the Authorization scheme must be Bearer, not {scheme!r}; {fix}"
+    return f"missing or malformed API key after 'Bearer': {fix}"
 
 
 CurrentUser = Annotated[Caller, Depends(current_user)]

@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import difflib
+import json
 import logging
 import math
+from typing import Any
+from urllib.parse import quote
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.limits import QuotaExceeded, SpecOverLimit
 from app.middleware import is_json
@@ -59,7 +65,7 @@ def _finite(value):
     return value
 
 
-def _bounded(value, depth: int = 0):
+def _bounded(value: Any, depth: int = 0) -> Any:
     """`value` cut to ECHO_DEPTH levels, ECHO_ITEMS items and ECHO_CHARS characters a string."""
     if isinstance(value, bool) or value is None:
         return value
@@ -69,7 +75,7 @@ def _bounded(value, depth: int = 0):
     if isinstance(value, str):
         return value if len(value) <= ECHO_CHARS else value[:ECHO_CHARS] + "…"
     if isinstance(value, (bytes, bytearray)):
-        return _bounded(bytes(value[:ECHO_CHARS + 1]).decode("utf-8", "backslashreplace"), depth)
+        return _bounded(bytes(value[: ECHO_CHARS + 1]).decode("utf-8", "backslashreplace"), depth)
     if isinstance(value, dict):
         if depth >= ECHO_DEPTH:
             return "{…}"
@@ -92,8 +98,11 @@ def _about_the_whole_body(error: dict, request: Request) -> dict:
     if tuple(error.get("loc", ())) != ("body",) or error.get("type") == "value_error":
         return error  # a value_error at the body is a cross-field check (its message says which)
     content_type = request.headers.get("content-type")
-    hint = "the request has no body: send a JSON object" if error.get("type") == "missing" else (
-        "the body must be a JSON object")
+    hint = (
+        "the request has no body: send a JSON object"
+        if error.get("type") == "missing"
+        else ("the body must be a JSON object")
+    )
     if not content_type or not is_json(content_type):
         hint += f" with Content-Type: application/json (got {(content_type or 'none')[:100]!r})"
     return {**error, "msg": f"{hint}; {error.get('msg', '')}"}
@@ -114,23 +123,50 @@ def _at_the_field_it_names(error: dict) -> dict:
 
 def _spec_field(path: list) -> bool:
     """Whether `path` (e.g. ["model", "batch_norm"]) names a field of a job spec."""
-    from pydantic import BaseModel
+    model = _spec_model(path[:-1]) if path else None
+    return model is not None and path[-1] in model.model_fields
 
+
+def _spec_model(path: list) -> type[BaseModel] | None:
+    """The part of a job spec at `path` (e.g. ["model"] -> ModelSpec, [] -> JobSpec), or None
+    when `path` does not lead to an object of the spec."""
     from trainers.spec import JobSpec
 
-    model: type | None = JobSpec
+    model: type[BaseModel] | None = JobSpec
     for name in path:
         field = model.model_fields.get(name) if model is not None and isinstance(name, str) else None
         if field is None:
-            return False
+            return None
         annotation = field.annotation
         candidates = [annotation, *getattr(annotation, "__args__", ())]
         model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-    return True
+    return model
+
+
+def _with_the_fix(error: dict) -> dict:
+    # An unknown field is most often a typo: name the nearest field ("epoch" -> "epochs"), or
+    # list the fields there are. A string where an object belongs ("dataset": "digits") gets
+    # the object it should be.
+    loc, kind, given = list(error.get("loc", ())), error.get("type"), error.get("input")
+    if not loc or loc[0] != "body":
+        return error
+    if kind == "extra_forbidden" and isinstance(loc[-1], str):
+        model = _spec_model(loc[1:-1])
+        if model is None:
+            return error
+        close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"the fields here are {', '.join(model.model_fields)}"
+        return {**error, "msg": f"{error.get('msg', '')}: unknown field {loc[-1][:60]!r}; {hint}"}
+    if kind in ("model_type", "model_attributes_type") and isinstance(given, str):
+        model = _spec_model(loc[1:])
+        if model is not None and "name" in model.model_fields:
+            example = json.dumps({"name": given[:60]})
+            return {**error, "msg": f"{error.get('msg', '')}: {loc[-1]} is an object; write {example}"}
+    return error
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [_about_the_whole_body(_at_the_field_it_names(_echo(e)), request) for e in exc.errors()]
+    errors = [_about_the_whole_body(_with_the_fix(_at_the_field_it_names(_echo(e))), request) for e in exc.errors()]
     return JSONResponse({"detail": _finite(jsonable_encoder(errors))}, status_code=422)
 
 
@@ -149,12 +185,26 @@ async def database_unavailable(_request: Request, exc: Exception) -> JSONRespons
     """The database is unreachable: 503, so clients retry; nothing was half-written (each
     request's changes commit in one transaction or not at all)."""
     log.warning("database unavailable: %s", exc)
-    return JSONResponse({"detail": "the database is unavailable; retry shortly"}, status_code=503,
-                        headers={"Retry-After": "5"})
+    return JSONResponse(
+        {"detail": "the database is unavailable; retry shortly"}, status_code=503, headers={"Retry-After": "5"}
+    )
 
 
 async def database_busy(_request: Request, exc: Exception) -> JSONResponse:
     """Every pooled connection stayed busy for db_pool_timeout_s: 503, so clients retry."""
     log.warning("no free database connection: %s", exc)
-    return JSONResponse({"detail": "the server is busy (no free database connection); retry shortly"},
-                        status_code=503, headers={"Retry-After": "1"})
+    return JSONResponse(
+        {"detail": "the server is busy (no free database connection); retry shortly"},
+        status_code=503,
+        headers={"Retry-After": "1"},
+    )
+
+
+async def not_found(request: Request, exc: StarletteHTTPException) -> Response:
+    """404s: a path no route serves says so and where the API's paths are listed; the routes' own
+    404s (a job that does not exist) keep their message. Other HTTP errors pass unchanged."""
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        path = quote(request.url.path[:200], safe="/")  # echoed percent-encoded: never markup
+        detail = f"no such path: {request.method} {path}; the API's paths are listed at /docs (and /openapi.json)"
+        return JSONResponse({"detail": detail}, status_code=404)
+    return await http_exception_handler(request, exc)

@@ -23,7 +23,7 @@ import json
 import math
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -36,6 +36,7 @@ from app.db import session_scope
 from app.models import EpochMetric, Job, aware
 from app.schemas import FINISHED
 from app.status import JobStatus
+from trainers.spec import MAX_EPOCHS
 
 # How often a stream looks at the database (seconds): an epoch appears at most this late.
 POLL_S = 0.5
@@ -91,11 +92,14 @@ def final_id(epochs: int) -> int:
 
 
 def parse_last_event_id(value: str | None) -> int:
-    """The number a client last saw; -1 (replay everything) when absent or not one of ours."""
+    """The number a client last saw, within the numbers a job's events can have (-1 to the final
+    status of a job of MAX_EPOCHS epochs): -1 (replay everything) when absent or not a number,
+    and a larger number clamped, so nothing from a header reaches a query unchecked."""
     try:
-        return int(value) if value is not None else -1
+        number = int(value) if value is not None and value.strip().lstrip("-").isdigit() else -1
     except ValueError:
         return -1
+    return min(max(number, -1), final_id(MAX_EPOCHS))
 
 
 def events_after(state: JobState, metrics: list[dict], last_id: int) -> list[Event]:
@@ -104,32 +108,78 @@ def events_after(state: JobState, metrics: list[dict], last_id: int) -> list[Eve
     `last_id` are skipped). The same stored rows always give the same events."""
     events = []
     if last_id < 0:
-        events.append(Event(0, "status", {"status": JobStatus.QUEUED.value, "at": _iso(state.created_at),
-                                          "progress": {"epoch": 0, "epochs": state.epochs}}))
+        events.append(
+            Event(
+                0,
+                "status",
+                {
+                    "status": JobStatus.QUEUED.value,
+                    "at": _iso(state.created_at),
+                    "progress": {"epoch": 0, "epochs": state.epochs},
+                },
+            )
+        )
     # A job a lost worker left goes back to queued with started_at kept: it did run, and its
     # later epochs follow this event; the "waiting" hint says it waits again.
     if last_id < 1 and state.started_at is not None:
-        events.append(Event(1, "status", {"status": JobStatus.RUNNING.value, "at": _iso(state.started_at),
-                                          "progress": {"epoch": 0, "epochs": state.epochs},
-                                          "attempts": state.attempts}))
+        events.append(
+            Event(
+                1,
+                "status",
+                {
+                    "status": JobStatus.RUNNING.value,
+                    "at": _iso(state.started_at),
+                    "progress": {"epoch": 0, "epochs": state.epochs},
+                    "attempts": state.attempts,
+                },
+            )
+        )
     for metric in sorted(metrics, key=lambda m: m["epoch"]):
         if 1 + metric["epoch"] > last_id:
-            events.append(Event(1 + metric["epoch"], "metrics", {
-                **metric, "progress": {"epoch": metric["epoch"], "epochs": state.epochs}}))
+            events.append(
+                Event(
+                    1 + metric["epoch"],
+                    "metrics",
+                    {**metric, "progress": {"epoch": metric["epoch"], "epochs": state.epochs}},
+                )
+            )
     if state.status in FINISHED and last_id < final_id(state.epochs):
-        events.append(Event(final_id(state.epochs), "status", {
-            "status": state.status, "at": _iso(state.finished_at),
-            "progress": {"epoch": state.epoch, "epochs": state.epochs},
-            "result": state.result, "error": state.error, "timings": state.timings}))
+        events.append(
+            Event(
+                final_id(state.epochs),
+                "status",
+                {
+                    "status": state.status,
+                    "at": _iso(state.finished_at),
+                    "progress": {"epoch": state.epoch, "epochs": state.epochs},
+                    "result": state.result,
+                    "error": state.error,
+                    "timings": state.timings,
+                },
+            )
+        )
     return events
 
 
 def read_state(session: Session, job_id: str) -> JobState | None:
     """The job's row without its relationships (one query); None if it is gone."""
     row = session.execute(
-        select(Job.status, Job.framework, Job.hardware, Job.epochs, Job.epoch, Job.attempts, Job.created_at,
-               Job.started_at, Job.finished_at, Job.result, Job.error, Job.timings, Job.worker, Job.devices)
-        .where(Job.id == job_id)
+        select(
+            Job.status,
+            Job.framework,
+            Job.hardware,
+            Job.epochs,
+            Job.epoch,
+            Job.attempts,
+            Job.created_at,
+            Job.started_at,
+            Job.finished_at,
+            Job.result,
+            Job.error,
+            Job.timings,
+            Job.worker,
+            Job.devices,
+        ).where(Job.id == job_id)
     ).first()
     return JobState(*row) if row is not None else None
 
@@ -137,7 +187,8 @@ def read_state(session: Session, job_id: str) -> JobState | None:
 def read_metrics(session: Session, job_id: str, after_epoch: int) -> list[dict]:
     """The job's metrics of the epochs after `after_epoch`."""
     rows = session.scalars(
-        select(EpochMetric).where(EpochMetric.job_id == job_id, EpochMetric.epoch > after_epoch)
+        select(EpochMetric)
+        .where(EpochMetric.job_id == job_id, EpochMetric.epoch > after_epoch)
         .order_by(EpochMetric.epoch)
     )
     return [rendering.metric(m) for m in rows]
@@ -145,8 +196,13 @@ def read_metrics(session: Session, job_id: str, after_epoch: int) -> list[dict]:
 
 def current_waiting_reason(session: Session, state: JobState) -> str | None:
     """Why the queued job waits (app.jobs.waiting_reason), computed without loading its relations."""
-    probe = Job(status=state.status, hardware=state.hardware, framework=state.framework, devices=state.devices,
-                created_at=state.created_at)
+    probe = Job(
+        status=state.status,
+        hardware=state.hardware,
+        framework=state.framework,
+        devices=state.devices,
+        created_at=state.created_at,
+    )
     return jobs.waiting_reason(session, probe, jobs.online_queues(session))
 
 
@@ -173,7 +229,7 @@ def _poll_slot() -> asyncio.Semaphore:
     return _poll_slots[loop]
 
 
-async def stream(job_id: str, last_id: int) -> AsyncIterator[str]:
+async def stream(job_id: str, last_id: int) -> AsyncGenerator[str, None]:
     """The encoded event stream of a job after `last_id`; it ends after the final status."""
     yield f"retry: {RETRY_MS}\n\n"
     reason: str | None = None
@@ -189,11 +245,12 @@ async def stream(job_id: str, last_id: int) -> AsyncIterator[str]:
             next_reason_check = time.monotonic() + WAITING_CHECK_S
         for event in events_after(state, metrics, last_id):
             yield event.encode()
-            last_id, last_write = event.id, time.monotonic()
+            last_id, last_write = event.id if event.id is not None else last_id, time.monotonic()
         if state.status in FINISHED:
             return
         if (want_reason and state.status == JobStatus.QUEUED and new_reason != reason) or (
-                state.status != JobStatus.QUEUED and reason is not None):
+            state.status != JobStatus.QUEUED and reason is not None
+        ):
             # the reason changed, or the job left the queue (null: it no longer waits)
             reason, last_write = (new_reason if state.status == JobStatus.QUEUED else None), time.monotonic()
             yield Event(None, "waiting", {"waiting_reason": reason}).encode()

@@ -48,7 +48,8 @@ def queue_depths(session: Session) -> dict[str, int]:
     """Queued jobs per queue (`Job.queue`), every known one-device queue included (0 when empty)."""
     depths = dict.fromkeys(KNOWN_QUEUES, 0)
     rows = session.execute(
-        select(Job.hardware, Job.framework, Job.devices, func.count()).where(Job.status == JobStatus.QUEUED)
+        select(Job.hardware, Job.framework, Job.devices, func.count())
+        .where(Job.status == JobStatus.QUEUED)
         .group_by(Job.hardware, Job.framework, Job.devices)
     )
     for hardware, framework, devices, count in rows:

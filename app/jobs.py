@@ -10,7 +10,9 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -103,8 +105,12 @@ def enqueue(session: Session, job: Job) -> bool:
         lifecycle.stamp_enqueued(session, job.id, now)
     except SQLAlchemyError:  # e.g. no free connection: the id is sent all the same
         session.rollback()
-        log.warning("job %s was sent to %s but not stamped; the reconciler sends it again (harmless)",
-                    job.id, job.queue, exc_info=True)
+        log.warning(
+            "job %s was sent to %s but not stamped; the reconciler sends it again (harmless)",
+            job.id,
+            job.queue,
+            exc_info=True,
+        )
         return True
     set_committed_value(job, "enqueued_at", now)  # what the row now says, without another UPDATE
     return True
@@ -143,7 +149,18 @@ def get_job(session: Session, owner: Caller, job_id: str) -> Job | None:
 ID_PREFIX = re.compile(r"[0-9a-f]{8}[0-9a-f-]{0,27}")
 
 
-def find_owned(session: Session, owner: Caller, model, ident: str, options=()):
+def not_found_message(kind: str, ident: str) -> str:
+    """The 404 detail for `kind` (job, comparison) `ident`; an id too short to look up says why."""
+    shown = ident[:60]
+    if len(ident) < 8 and re.fullmatch(r"[0-9a-fA-F-]+", ident):
+        return (
+            f"{kind} {shown} not found: a short id needs at least its first 8 characters "
+            f"(as `trainhub list` shows them), or give the whole id"
+        )
+    return f"{kind} {shown} not found"
+
+
+def find_owned(session: Session, owner: Caller, model: Any, ident: str, options: Sequence[Any] = ()) -> Any:
     """The row of `model` (Job, Comparison) that `ident` names and `owner` may see, or None.
     `ident` is its id in any UUID spelling, or the first 8 or more characters of one (any case)
     when exactly one of the owner's rows starts with them."""
@@ -227,12 +244,13 @@ _online: dict[str, tuple[float, frozenset[str]]] = {}
 
 def online_queues(session: Session) -> set[str]:
     """Queues served by a worker whose heartbeat is recent (at most ONLINE_QUEUES_TTL_S old)."""
-    database = str(session.get_bind().url)
+    database = str(session.get_bind().engine.url)
     read_at, queues = _online.get(database, (float("-inf"), frozenset()))
     if time.monotonic() - read_at > ONLINE_QUEUES_TTL_S:
         since = utcnow() - timedelta(seconds=get_settings().worker_timeout_s)
-        queues = frozenset(q for worker_queues in session.scalars(_QUEUES_SEEN_SINCE, {"since": since})
-                           for q in worker_queues)
+        queues = frozenset(
+            q for worker_queues in session.scalars(_QUEUES_SEEN_SINCE, {"since": since}) for q in worker_queues
+        )
         _online[database] = (time.monotonic(), queues)
     return set(queues)
 
@@ -249,10 +267,12 @@ def waiting_reason(session: Session, job: Job, served: set[str], position: int |
         return None
     if job.queue not in served:
         if job.devices > 1:
-            return f"no online worker owns {job.devices} {job.hardware} devices for {job.framework} " \
-                   f"(queue {job.queue}); start one with `{worker_command(job.hardware, job.devices)}`"
+            return (
+                f"no online worker owns {job.devices} {job.hardware} devices for {job.framework} "
+                f"(queue {job.queue}); start one with `{worker_command(job.hardware, job.devices)}`"
+            )
         return f"no online worker serves {job.queue}"
-    ahead = (position or queue_position(session, job)) - 1
+    ahead = (position or queue_position(session, job) or 1) - 1
     return f"waiting for a free worker on {job.queue} ({ahead} job(s) ahead)"
 
 
@@ -268,11 +288,19 @@ def worker_command(hardware: str, devices: int) -> str:
 _jobs = Job.__table__.c
 # Built once (every GET of a queued job runs it): the queued jobs of the same queue created
 # before this one; at the same instant, the id breaks the tie, as in the job list.
-_QUEUED_AHEAD = select(func.count()).select_from(Job.__table__).where(
-    _jobs.status == JobStatus.QUEUED.value, _jobs.hardware == bindparam("hardware"), _jobs.framework == bindparam("framework"),
-    _jobs.devices == bindparam("devices"),
-    or_(_jobs.created_at < bindparam("created_at"),
-        and_(_jobs.created_at == bindparam("created_at"), _jobs.id < bindparam("id"))),
+_QUEUED_AHEAD = (
+    select(func.count())
+    .select_from(Job.__table__)
+    .where(
+        _jobs.status == JobStatus.QUEUED.value,
+        _jobs.hardware == bindparam("hardware"),
+        _jobs.framework == bindparam("framework"),
+        _jobs.devices == bindparam("devices"),
+        or_(
+            _jobs.created_at < bindparam("created_at"),
+            and_(_jobs.created_at == bindparam("created_at"), _jobs.id < bindparam("id")),
+        ),
+    )
 )
 
 
@@ -282,8 +310,14 @@ def queue_position(session: Session, job: Job) -> int | None:
     the broker may hold duplicate or stale messages, the rows do not."""
     if job.status != JobStatus.QUEUED:
         return None
-    ahead = session.scalar(_QUEUED_AHEAD, {
-        "hardware": job.hardware, "framework": job.framework, "devices": job.devices,
-        "created_at": job.created_at, "id": job.id or "",  # a job not yet stored has no id: no tie
-    })
-    return ahead + 1
+    ahead = session.scalar(
+        _QUEUED_AHEAD,
+        {
+            "hardware": job.hardware,
+            "framework": job.framework,
+            "devices": job.devices,
+            "created_at": job.created_at,
+            "id": job.id or "",  # a job not yet stored has no id: no tie
+        },
+    )
+    return (ahead or 0) + 1

@@ -5,19 +5,19 @@ that two actors racing for the same row (a cancel and a claim, a release and a r
 never both win. A worker's writes are fenced by the attempt number its claim took: once the row
 moved on without it (the reconciler handed the job to another worker), they no longer apply.
 
-| transition     | from                  | to                               | by          | fence                       |
-|----------------|-----------------------|----------------------------------|-------------|-----------------------------|
-| claim          | queued                | running (attempts + 1)           | worker      | status = queued             |
-| record_epoch   | running               | running (epoch = k)              | worker      | attempts = its attempt      |
-| finish         | running               | succeeded / failed / cancelled   | worker      | running, its attempt        |
-| release        | running               | queued (attempts - 1), or        | worker      | running, its attempt        |
-|                |                       | cancelled when a cancel came     |             |                             |
-| cancel         | queued                | cancelled                        | API         | status = queued             |
-|                | running               | running, cancel_requested        | API         | status = running            |
-| requeue_lost   | running               | queued                           | reconciler  | running, the attempt seen   |
-| fail_lost      | running               | failed (worker_lost)             | reconciler  | running, the attempt seen   |
-| cancel_lost    | running (cancel asked)| cancelled                        | reconciler  | running, the attempt seen   |
-| stamp_enqueued | queued                | queued (enqueued_at = now)       | API, worker | (no status change)          |
+| transition     | from                  | to                             | by          | fence                     |
+|----------------|-----------------------|--------------------------------|-------------|---------------------------|
+| claim          | queued                | running (attempts + 1)         | worker      | status = queued           |
+| record_epoch   | running               | running (epoch = k)            | worker      | attempts = its attempt    |
+| finish         | running               | succeeded / failed / cancelled | worker      | running, its attempt      |
+| release        | running               | queued (attempts - 1), or      | worker      | running, its attempt      |
+|                |                       | cancelled when a cancel came   |             |                           |
+| cancel         | queued                | cancelled                      | API         | status = queued           |
+|                | running               | running, cancel_requested      | API         | status = running          |
+| requeue_lost   | running               | queued                         | reconciler  | running, the attempt seen |
+| fail_lost      | running               | failed (worker_lost)           | reconciler  | running, the attempt seen |
+| cancel_lost    | running, cancel asked | cancelled                      | reconciler  | running, the attempt seen |
+| stamp_enqueued | queued                | queued (enqueued_at = now)     | API, worker | (no status change)        |
 
 Each function executes its statement on the caller's session and commits; it returns whether
 (or how) the row changed, so the caller knows whether it won.
@@ -26,18 +26,38 @@ Each function executes its statement on the caller's session and commits; it ret
 from __future__ import annotations
 
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import bindparam, case, update
+from sqlalchemy import CursorResult, Table, Update, bindparam, case, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from app.models import Job, utcnow
 from app.status import ACTIVE, FINISHED, JobStatus
 
-__all__ = ["ACTIVE", "FINISHED", "JobStatus", "claim", "record_epoch", "finish", "release", "cancel",
-           "requeue_lost", "fail_lost", "cancel_lost", "stamp_enqueued"]
+__all__ = [
+    "ACTIVE",
+    "FINISHED",
+    "JobStatus",
+    "claim",
+    "record_epoch",
+    "finish",
+    "release",
+    "cancel",
+    "requeue_lost",
+    "fail_lost",
+    "cancel_lost",
+    "stamp_enqueued",
+]
 
 
-def _fence(job_id: str, attempt: int):
+def _update(session: Session, statement: Update) -> int:
+    """Run an UPDATE; how many rows it changed."""
+    result: CursorResult = session.execute(statement)  # type: ignore[assignment]  # DML gives a CursorResult
+    return result.rowcount
+
+
+def _fence(job_id: str, attempt: int) -> tuple[ColumnElement[bool], ...]:
     return (Job.id == job_id, Job.status == JobStatus.RUNNING, Job.attempts == attempt)
 
 
@@ -57,20 +77,20 @@ def claim(session: Session, job_id: str, worker: dict, now: datetime) -> int | N
 def record_epoch(session: Session, job_id: str, attempt: int, epoch: int) -> bool:
     """The job's progress: `epoch` epochs done (its metrics row is added by the caller in the same
     transaction). False when this attempt no longer owns the row."""
-    moved = session.execute(update(Job).where(Job.id == job_id, Job.attempts == attempt).values(epoch=epoch))
+    moved = _update(session, update(Job).where(Job.id == job_id, Job.attempts == attempt).values(epoch=epoch))
     session.commit()
-    return moved.rowcount == 1
+    return moved == 1
 
 
-def finish(session: Session, job_id: str, attempt: int, status: JobStatus, **values) -> bool:
+def finish(session: Session, job_id: str, attempt: int, status: JobStatus, **values: object) -> bool:
     """running -> `status` (succeeded, failed or cancelled) with `values` (timings, result, error,
     worker); False when the job moved on without this attempt."""
     assert status in FINISHED, status
-    moved = session.execute(
-        update(Job).where(*_fence(job_id, attempt)).values(status=status, finished_at=utcnow(), **values)
+    moved = _update(
+        session, update(Job).where(*_fence(job_id, attempt)).values(status=status, finished_at=utcnow(), **values)
     )
     session.commit()
-    return moved.rowcount == 1
+    return moved == 1
 
 
 def release(session: Session, job_id: str, attempt: int) -> JobStatus | None:
@@ -82,9 +102,12 @@ def release(session: Session, job_id: str, attempt: int) -> JobStatus | None:
     status = session.execute(
         update(Job)
         .where(*_fence(job_id, attempt))
-        .values(status=case((cancelled, JobStatus.CANCELLED.value), else_=JobStatus.QUEUED.value),
-                attempts=case((cancelled, Job.attempts), else_=Job.attempts - 1),
-                finished_at=case((cancelled, utcnow()), else_=None), enqueued_at=None)
+        .values(
+            status=case((cancelled, JobStatus.CANCELLED.value), else_=JobStatus.QUEUED.value),
+            attempts=case((cancelled, Job.attempts), else_=Job.attempts - 1),
+            finished_at=case((cancelled, utcnow()), else_=None),
+            enqueued_at=None,
+        )
         .returning(Job.status)
     ).scalar()
     session.commit()
@@ -100,10 +123,13 @@ def cancel(session: Session, job_id: str) -> None:
     against a row that changed while the UPDATE waited for it.)"""
     queued = Job.status == JobStatus.QUEUED
     session.execute(
-        update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(ACTIVE))
+        .values(
             status=case((queued, JobStatus.CANCELLED.value), else_=Job.status),
             finished_at=case((queued, utcnow()), else_=Job.finished_at),
-            cancel_requested=case((queued, Job.cancel_requested), else_=True))
+            cancel_requested=case((queued, Job.cancel_requested), else_=True),
+        )
     )
     session.commit()
 
@@ -111,31 +137,37 @@ def cancel(session: Session, job_id: str) -> None:
 def requeue_lost(session: Session, job_id: str, attempt: int) -> bool:
     """running -> queued for a job whose worker was lost; it resumes from its checkpoint. Fenced
     by the attempt the reconciler saw: a worker that claims it meanwhile wins."""
-    moved = session.execute(update(Job).where(*_fence(job_id, attempt)).values(
-        status=JobStatus.QUEUED, enqueued_at=None))
+    moved = _update(
+        session, update(Job).where(*_fence(job_id, attempt)).values(status=JobStatus.QUEUED, enqueued_at=None)
+    )
     session.commit()
-    return moved.rowcount == 1
+    return moved == 1
 
 
 def fail_lost(session: Session, job_id: str, attempt: int, message: str) -> bool:
     """running -> failed (error.type worker_lost) after the last allowed attempt was lost."""
-    moved = session.execute(update(Job).where(*_fence(job_id, attempt)).values(
-        status=JobStatus.FAILED, finished_at=utcnow(), error={"type": "worker_lost", "message": message}))
+    moved = _update(
+        session,
+        update(Job)
+        .where(*_fence(job_id, attempt))
+        .values(status=JobStatus.FAILED, finished_at=utcnow(), error={"type": "worker_lost", "message": message}),
+    )
     session.commit()
-    return moved.rowcount == 1
+    return moved == 1
 
 
 def cancel_lost(session: Session, job_id: str, attempt: int) -> bool:
     """running -> cancelled for a lost job whose cancel was asked: it is not run again."""
-    moved = session.execute(update(Job).where(*_fence(job_id, attempt)).values(
-        status=JobStatus.CANCELLED, finished_at=utcnow()))
+    moved = _update(
+        session, update(Job).where(*_fence(job_id, attempt)).values(status=JobStatus.CANCELLED, finished_at=utcnow())
+    )
     session.commit()
-    return moved.rowcount == 1
+    return moved == 1
 
 
 # Built once: every POST /jobs runs it. On the table, so the ORM looks for no object to update.
-_STAMP_ENQUEUED = update(Job.__table__).where(Job.__table__.c.id == bindparam("job_id")).values(
-    enqueued_at=bindparam("now"))
+_JOBS = cast(Table, Job.__table__)
+_STAMP_ENQUEUED = update(_JOBS).where(_JOBS.c.id == bindparam("job_id")).values(enqueued_at=bindparam("now"))
 
 
 def stamp_enqueued(session: Session, job_id: str, now: datetime) -> None:

@@ -58,10 +58,13 @@ def _loc(field: str | list[str]) -> list[str]:
     return ["body", *(field.split(".") if isinstance(field, str) else field)]
 
 
-def _limit(field: str | list[str], message: str, setting: str, value) -> dict:
-    return {"type": "limit_exceeded", "loc": _loc(field),
-            "msg": f"{message} (limit {setting} = {value:,}, set by TRAINHUB_{setting.upper()})",
-            "ctx": {"limit": setting, "value": value}}
+def _limit(field: str | list[str], message: str, setting: str, value: object) -> dict:
+    return {
+        "type": "limit_exceeded",
+        "loc": _loc(field),
+        "msg": f"{message} (limit {setting} = {value:,}, set by TRAINHUB_{setting.upper()})",
+        "ctx": {"limit": setting, "value": value},
+    }
 
 
 def _plain(field: str | list[str], message: str) -> dict:
@@ -84,31 +87,67 @@ def check_spec(spec: TrainingSpec, settings: Settings | None = None) -> None:
     s = settings or get_settings()
     errors = []
     if spec.epochs > s.max_epochs:
-        errors.append(_limit("epochs", f"epochs {spec.epochs} is more than this server allows",
-                             "max_epochs", s.max_epochs))
+        errors.append(
+            _limit("epochs", f"epochs {spec.epochs} is more than this server allows", "max_epochs", s.max_epochs)
+        )
     if spec.batch_size > s.max_batch_size:
-        errors.append(_limit("batch_size", f"batch_size {spec.batch_size} is more than this server allows",
-                             "max_batch_size", s.max_batch_size))
+        errors.append(
+            _limit(
+                "batch_size",
+                f"batch_size {spec.batch_size} is more than this server allows",
+                "max_batch_size",
+                s.max_batch_size,
+            )
+        )
     if (count := parameter_count(spec)) > s.max_parameters:
-        errors.append(_limit("model.hidden_sizes", f"model.hidden_sizes gives {count:,} parameters, more than "
-                             "this server allows; use fewer or smaller hidden layers",
-                             "max_parameters", s.max_parameters))
+        errors.append(
+            _limit(
+                "model.hidden_sizes",
+                f"model.hidden_sizes gives {count:,} parameters, more than "
+                "this server allows; use fewer or smaller hidden layers",
+                "max_parameters",
+                s.max_parameters,
+            )
+        )
     if spec.max_runtime_s is not None and spec.max_runtime_s > s.max_runtime_s:
-        errors.append(_limit("max_runtime_s", f"max_runtime_s {spec.max_runtime_s:g} s is more than this "
-                             "server allows", "max_runtime_s", s.max_runtime_s))
+        errors.append(
+            _limit(
+                "max_runtime_s",
+                f"max_runtime_s {spec.max_runtime_s:g} s is more than this server allows",
+                "max_runtime_s",
+                s.max_runtime_s,
+            )
+        )
     if len(spec.labels) > s.max_labels:
-        errors.append(_limit("labels", f"{len(spec.labels)} labels are more than this server allows",
-                             "max_labels", s.max_labels))
+        errors.append(
+            _limit("labels", f"{len(spec.labels)} labels are more than this server allows", "max_labels", s.max_labels)
+        )
     for key, value in spec.labels.items():
         if len(key) > s.max_label_key_chars:
-            errors.append(_limit(["labels", key[:64]], f"label key of {len(key)} characters is longer than this "
-                                 "server allows", "max_label_key_chars", s.max_label_key_chars))
+            errors.append(
+                _limit(
+                    ["labels", key[:64]],
+                    f"label key of {len(key)} characters is longer than this server allows",
+                    "max_label_key_chars",
+                    s.max_label_key_chars,
+                )
+            )
         if len(value) > s.max_label_value_chars:
-            errors.append(_limit(["labels", key[:64]], f"label value of {len(value)} characters is longer than "
-                                 "this server allows", "max_label_value_chars", s.max_label_value_chars))
+            errors.append(
+                _limit(
+                    ["labels", key[:64]],
+                    f"label value of {len(value)} characters is longer than this server allows",
+                    "max_label_value_chars",
+                    s.max_label_value_chars,
+                )
+            )
         if not key.strip() or _has_control(key) or _has_control(value):
-            errors.append(_plain(["labels", key[:64]], "label keys must be non-blank, and keys and values may not "
-                                 "contain control characters"))
+            errors.append(
+                _plain(
+                    ["labels", key[:64]],
+                    "label keys must be non-blank, and keys and values may not contain control characters",
+                )
+            )
     if spec.name is not None and _has_control(spec.name):
         errors.append(_plain("name", "name may not contain control characters (newlines, NUL, escapes)"))
     if errors:
@@ -134,9 +173,11 @@ _LOCK_KEY = select(ApiKey.id).where(ApiKey.id == bindparam("owner_id")).with_for
 # One query, each set from its own index: the rows read are the key's queued and recent jobs,
 # not every job it ever had.
 _COUNT_QUEUED_AND_RECENT = select(func.count().filter(_QUEUED), func.count().filter(_RECENT)).where(
-    Job.owner_id == bindparam("owner_id"), or_(_QUEUED, _RECENT))
-_RECENT_OLDEST_FIRST = select(Job.created_at).where(Job.owner_id == bindparam("owner_id"), _RECENT).order_by(
-    Job.created_at)
+    Job.owner_id == bindparam("owner_id"), or_(_QUEUED, _RECENT)
+)
+_RECENT_OLDEST_FIRST = (
+    select(Job.created_at).where(Job.owner_id == bindparam("owner_id"), _RECENT).order_by(Job.created_at)
+)
 
 
 def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Settings | None = None) -> None:
@@ -148,14 +189,23 @@ def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Se
     now = utcnow()
     since = now - timedelta(seconds=RATE_WINDOW_S)
     queued, recent = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()
-    if error := _over_quota(session, owner, queued - new_jobs, recent - new_jobs, new_jobs, since, now,
-                            settings or get_settings()):
+    if error := _over_quota(
+        session, owner, queued - new_jobs, recent - new_jobs, new_jobs, since, now, settings or get_settings()
+    ):
         session.rollback()
         raise error
 
 
-def _over_quota(session: Session, owner: Caller, queued: int, recent: int, new_jobs: int, since: datetime,
-                now: datetime, s: Settings) -> QuotaExceeded | None:
+def _over_quota(
+    session: Session,
+    owner: Caller,
+    queued: int,
+    recent: int,
+    new_jobs: int,
+    since: datetime,
+    now: datetime,
+    s: Settings,
+) -> QuotaExceeded | None:
     """The limit `new_jobs` more jobs would pass, given the key's `queued` and `recent` ones."""
     if queued + new_jobs > s.max_queued_jobs_per_key:
         return QuotaExceeded(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -9,17 +10,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api import artifacts, comparisons, dashboard, events, health, jobs, metrics, workers
 from app.config import get_settings
 from app.db import migrate
-from app.errors import database_busy, database_unavailable, quota_exceeded, spec_over_limit, validation_error
+from app.errors import (
+    database_busy,
+    database_unavailable,
+    not_found,
+    quota_exceeded,
+    spec_over_limit,
+    validation_error,
+)
 from app.limits import QuotaExceeded, SpecOverLimit
 from app.middleware import RequestLimits, SecurityHeaders
 
 
 @asynccontextmanager
-async def lifespan(_app: FastAPI):
+async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
     migrate()  # apply Alembic migrations on start
     yield
 
@@ -31,9 +40,11 @@ def create_app() -> FastAPI:
         description="Training as a service for JAX and PyTorch.",
         lifespan=lifespan,
     )
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(SpecOverLimit, spec_over_limit)
-    app.add_exception_handler(QuotaExceeded, quota_exceeded)
+    # Starlette types a handler's exception as Exception; each of these takes its own subclass.
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(SpecOverLimit, spec_over_limit)  # type: ignore[arg-type]
+    app.add_exception_handler(QuotaExceeded, quota_exceeded)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, not_found)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, database_unavailable)
     app.add_exception_handler(InterfaceError, database_unavailable)
     app.add_exception_handler(PoolTimeout, database_busy)
@@ -54,9 +65,12 @@ def create_app() -> FastAPI:
         # Only the listed origins; without any, browsers keep other sites from reading answers.
         # Keys travel in the Authorization header, never cookies, so no credentials mode.
         app.add_middleware(
-            CORSMiddleware, allow_origins=origins, allow_methods=["GET", "HEAD", "POST"],
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "HEAD", "POST"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "Range"],
-            expose_headers=["Location", "Retry-After", "Content-Range", "Content-Disposition"], max_age=600,
+            expose_headers=["Location", "Retry-After", "Content-Range", "Content-Disposition"],
+            max_age=600,
         )
     return app
 

@@ -13,7 +13,7 @@ in agreement. The histograms are computed in SQL, one row per label set.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -37,14 +37,16 @@ EPOCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 60
 def job_seconds(session: Session) -> ColumnElement[float]:
     """started_at -> finished_at in seconds, in the database's own date arithmetic."""
     if session.get_bind().dialect.name == "postgresql":
-        return func.extract("epoch", Job.finished_at - Job.started_at)
+        return func.extract("epoch", Job.finished_at - Job.started_at)  # type: ignore[return-value]  # a float expression
     return (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0
 
 
-def histogram(name: str, documentation: str, label_names: list[str], rows, buckets: tuple) -> HistogramMetricFamily:
+def histogram(
+    name: str, documentation: str, label_names: list[str], rows: Iterable[Sequence], buckets: tuple
+) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, documentation, labels=label_names)
     for row in rows:
-        labels, (count, total, *cumulative) = row[:len(label_names)], row[len(label_names):]
+        labels, (count, total, *cumulative) = row[: len(label_names)], row[len(label_names) :]
         pairs = [(_bound(b), float(c or 0)) for b, c in zip(buckets, cumulative)] + [("+Inf", float(count))]
         family.add_metric(list(labels), pairs, sum_value=float(total))
     return family
@@ -68,14 +70,14 @@ class TrainhubCollector(Collector):
             jobs.add_metric([status], counts.get(status, 0))
         yield jobs
 
-        depth = GaugeMetricFamily("trainhub_queue_depth", "Queued jobs per queue <hardware>.<framework>.",
-                                  labels=["queue"])
+        depth = GaugeMetricFamily(
+            "trainhub_queue_depth", "Queued jobs per queue <hardware>.<framework>.", labels=["queue"]
+        )
         for queue, count in sorted(heartbeats.queue_depths(session).items()):
             depth.add_metric([queue], count)
         yield depth
 
-        online = GaugeMetricFamily("trainhub_workers_online", "Workers whose heartbeat is recent.",
-                                   labels=["hardware"])
+        online = GaugeMetricFamily("trainhub_workers_online", "Workers whose heartbeat is recent.", labels=["hardware"])
         per_hardware = dict.fromkeys(heartbeats.HARDWARE, 0)
         for worker in heartbeats.online_workers(session):
             per_hardware[worker.hardware] = per_hardware.get(worker.hardware, 0) + 1
@@ -85,23 +87,44 @@ class TrainhubCollector(Collector):
 
         seconds = job_seconds(session)
         rows = session.execute(
-            select(Job.framework, Job.hardware, Job.status, func.count(), func.coalesce(func.sum(seconds), 0.0),
-                   *(func.sum(case((seconds <= bound, 1), else_=0)) for bound in JOB_BUCKETS))
+            select(
+                Job.framework,
+                Job.hardware,
+                Job.status,
+                func.count(),
+                func.coalesce(func.sum(seconds), 0.0),
+                *(func.sum(case((seconds <= bound, 1), else_=0)) for bound in JOB_BUCKETS),
+            )
             .where(Job.status.in_(FINISHED), Job.started_at.is_not(None), Job.finished_at.is_not(None))
             .group_by(Job.framework, Job.hardware, Job.status)
         )
-        yield histogram("trainhub_job_duration_seconds", "Jobs from start to end (finished jobs that started).",
-                        ["framework", "hardware", "status"], rows, JOB_BUCKETS)
+        yield histogram(
+            "trainhub_job_duration_seconds",
+            "Jobs from start to end (finished jobs that started).",
+            ["framework", "hardware", "status"],
+            rows,
+            JOB_BUCKETS,
+        )
 
         epoch_s = EpochMetric.epoch_time_s
         rows = session.execute(
-            select(Job.framework, Job.hardware, func.count(), func.coalesce(func.sum(epoch_s), 0.0),
-                   *(func.sum(case((epoch_s <= bound, 1), else_=0)) for bound in EPOCH_BUCKETS))
+            select(
+                Job.framework,
+                Job.hardware,
+                func.count(),
+                func.coalesce(func.sum(epoch_s), 0.0),
+                *(func.sum(case((epoch_s <= bound, 1), else_=0)) for bound in EPOCH_BUCKETS),
+            )
             .join(Job, Job.id == EpochMetric.job_id)
             .group_by(Job.framework, Job.hardware)
         )
-        yield histogram("trainhub_epoch_duration_seconds", "Training time of each epoch (evaluation excluded).",
-                        ["framework", "hardware"], rows, EPOCH_BUCKETS)
+        yield histogram(
+            "trainhub_epoch_duration_seconds",
+            "Training time of each epoch (evaluation excluded).",
+            ["framework", "hardware"],
+            rows,
+            EPOCH_BUCKETS,
+        )
 
 
 registry = CollectorRegistry(auto_describe=False)

@@ -19,7 +19,7 @@ from app.config import get_settings
 BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
 
-def json_depth(value) -> int:
+def json_depth(value: object) -> int:
     """Nesting depth of a parsed JSON value: 0 for a scalar, 1 for [] or {}, 2 for [[]]..."""
     deepest, stack = 0, [(value, 1)]
     while stack:
@@ -84,15 +84,18 @@ class RequestLimits:
         limit = settings.max_body_bytes
         headers = Headers(scope=scope)
         too_large = JSONResponse(
-            {"detail": f"request body larger than this server's limit of {limit:,} bytes "
-                       "(max_body_bytes, set by TRAINHUB_MAX_BODY_BYTES)"},
+            {
+                "detail": f"request body larger than this server's limit of {limit:,} bytes "
+                "(max_body_bytes, set by TRAINHUB_MAX_BODY_BYTES)"
+            },
             status_code=413,
         )
         declared = headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
-                await JSONResponse({"detail": "Content-Length must be a whole number of bytes"},
-                                   status_code=400)(scope, receive, send)
+                await JSONResponse({"detail": "Content-Length must be a whole number of bytes"}, status_code=400)(
+                    scope, receive, send
+                )
                 return
             if int(declared) > limit:
                 await too_large(scope, receive, send)
@@ -132,11 +135,15 @@ class RequestLimits:
         try:
             value = json.loads(body, object_pairs_hook=refuse_duplicate_keys)
         except DuplicateKey as exc:
-            return _body_error(f"the key {exc.key[:100]!r} appears twice in one JSON object; send it once",
-                               "json_duplicate_key")
+            return _body_error(
+                f"the key {exc.key[:100]!r} appears twice in one JSON object; send it once", "json_duplicate_key"
+            )
         except RecursionError:
-            return _body_error(f"JSON nested deeper than this server's limit of {max_depth} levels "
-                               "(max_json_depth, set by TRAINHUB_MAX_JSON_DEPTH)", "json_too_deep")
+            return _body_error(
+                f"JSON nested deeper than this server's limit of {max_depth} levels "
+                "(max_json_depth, set by TRAINHUB_MAX_JSON_DEPTH)",
+                "json_too_deep",
+            )
         except json.JSONDecodeError:
             return None  # FastAPI answers 422 with where the JSON breaks
         except UnicodeDecodeError:
@@ -144,8 +151,11 @@ class RequestLimits:
         except ValueError as exc:  # e.g. an integer of more than 4300 digits
             return _body_error(f"the body is not usable JSON: {exc}", "json_invalid")
         if json_depth(value) > max_depth:
-            return _body_error(f"JSON nested deeper than this server's limit of {max_depth} levels "
-                               "(max_json_depth, set by TRAINHUB_MAX_JSON_DEPTH)", "json_too_deep")
+            return _body_error(
+                f"JSON nested deeper than this server's limit of {max_depth} levels "
+                "(max_json_depth, set by TRAINHUB_MAX_JSON_DEPTH)",
+                "json_too_deep",
+            )
         return None
 
 

@@ -105,8 +105,14 @@ class Job(Base):
         Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),  # a key's recent jobs (rate limit)
         Index("ix_jobs_owner_id_status", "owner_id", "status"),  # a key's queued jobs (quota)
         # The queued jobs of a queue, oldest first (queue_position); only queued rows are indexed.
-        Index("ix_jobs_queued", "hardware", "framework", "created_at",
-              postgresql_where=text("status = 'queued'"), sqlite_where=text("status = 'queued'")),
+        Index(
+            "ix_jobs_queued",
+            "hardware",
+            "framework",
+            "created_at",
+            postgresql_where=text("status = 'queued'"),
+            sqlite_where=text("status = 'queued'"),
+        ),
     )
 
     @property

@@ -17,12 +17,20 @@ from trainers.spec import ComparisonSpec, parameter_count
 
 # The side-by-side table's rows. Times in seconds; samples_per_s is the median over the epochs
 # after the first, like steady_epoch_s.
-TABLE_ROWS = ("parameters", "compile_s", "first_epoch_s", "steady_epoch_s", "samples_per_s",
-              "test_accuracy", "test_loss")
+TABLE_ROWS = (
+    "parameters",
+    "compile_s",
+    "first_epoch_s",
+    "steady_epoch_s",
+    "samples_per_s",
+    "test_accuracy",
+    "test_loss",
+)
 
 
-def job(session: Session, row: Job, base_url: str, served: set[str] | None = None,
-        position: int | None = None) -> JobOut:
+def job(
+    session: Session, row: Job, base_url: str, served: set[str] | None = None, position: int | None = None
+) -> JobOut:
     """Render a row as the HTTP Job; `base_url` prefixes artifact URLs. `served` (online_queues)
     and `position` (queue_position): when the caller has them already (read here otherwise)."""
     if served is None:
@@ -48,7 +56,8 @@ def job(session: Session, row: Job, base_url: str, served: set[str] | None = Non
             "result": row.result,
             "error": row.error,
             "artifacts": [artifact(a, f"{url}/jobs/{row.id}/artifacts/{a.name}") for a in row.artifacts]
-                         if started else [],
+            if started
+            else [],
             "worker": row.worker,
         }
     )
@@ -73,8 +82,10 @@ def comparison(session: Session, row: Comparison, base_url: str) -> ComparisonOu
         status=state,
         spec=row.spec,
         created_at=row.created_at,
-        jobs={fw: job(session, side, base_url, served)
-              for fw, side in (("jax", row.jax_job), ("pytorch", row.pytorch_job))},
+        jobs={
+            fw: job(session, side, base_url, served)
+            for fw, side in (("jax", row.jax_job), ("pytorch", row.pytorch_job))
+        },
         table=comparison_table(row) if state == JobStatus.SUCCEEDED else None,
         parity=row.parity,
         error=error,
@@ -87,14 +98,21 @@ def comparison_status(comparison: Comparison) -> tuple[JobStatus, dict | None]:
     sides = {"jax": comparison.jax_job, "pytorch": comparison.pytorch_job}
     for framework, job in sides.items():
         if job.status == JobStatus.FAILED:
-            return JobStatus.FAILED, {"framework": framework, **(job.error or {"type": JobStatus.FAILED.value, "message": ""})}
+            return JobStatus.FAILED, {
+                "framework": framework,
+                **(job.error or {"type": JobStatus.FAILED.value, "message": ""}),
+            }
     if any(job.status == JobStatus.CANCELLED for job in sides.values()):
         return JobStatus.CANCELLED, None
     if all(job.status == JobStatus.SUCCEEDED for job in sides.values()):
         if comparison.parity is None:
             return JobStatus.RUNNING, None  # the parity check is being computed
         if not comparison.parity["passed"]:
-            return JobStatus.FAILED, {"framework": None, "type": "parity_mismatch", "message": comparison.parity["message"]}
+            return JobStatus.FAILED, {
+                "framework": None,
+                "type": "parity_mismatch",
+                "message": comparison.parity["message"],
+            }
         return JobStatus.SUCCEEDED, None
     if all(job.status == JobStatus.QUEUED for job in sides.values()):
         return JobStatus.QUEUED, None
@@ -116,8 +134,10 @@ def overlap_s(comparison: Comparison) -> float | None:
 def comparison_table(comparison: Comparison) -> list[dict]:
     """The side-by-side rows: {"metric", "jax", "pytorch", "ratio"} with ratio = jax / pytorch."""
     spec = ComparisonSpec.model_validate(comparison.spec)
-    values = {fw: _values(job, parameter_count(spec)) for fw, job in
-              (("jax", comparison.jax_job), ("pytorch", comparison.pytorch_job))}
+    values = {
+        fw: _values(job, parameter_count(spec))
+        for fw, job in (("jax", comparison.jax_job), ("pytorch", comparison.pytorch_job))
+    }
     rows = []
     for metric in TABLE_ROWS:
         jax_value, torch_value = values["jax"].get(metric), values["pytorch"].get(metric)

@@ -9,7 +9,17 @@ from pydantic import BaseModel, Field
 from app.lifecycle import FINISHED, JobStatus
 from trainers.spec import ComparisonSpec, Framework, JobSpec
 
-__all__ = ["ComparisonSpec", "Comparison", "JobSpec", "Job", "JobPage", "ArtifactInfo", "EpochMetrics", "JobStatus", "FINISHED"]
+__all__ = [
+    "ComparisonSpec",
+    "Comparison",
+    "JobSpec",
+    "Job",
+    "JobPage",
+    "ArtifactInfo",
+    "EpochMetrics",
+    "JobStatus",
+    "FINISHED",
+]
 
 
 class EpochMetrics(BaseModel):
@@ -54,8 +64,10 @@ class Job(BaseModel):
     finished_at: datetime | None
     waiting_reason: str | None
     queue_position: int | None = Field(
-        None, description="While queued: 1 for the next job of its queue <hardware>.<framework> (with .x<N> for a job "
-              "on N devices), 2 for the one after...")
+        None,
+        description="While queued: 1 for the next job of its queue <hardware>.<framework> (with .x<N> for a job "
+        "on N devices), 2 for the one after...",
+    )
     attempts: int
     progress: Progress
     metrics: list[EpochMetrics]
@@ -101,9 +113,11 @@ class Comparison(BaseModel):
     parity: dict | None
     error: ComparisonError | None
     overlap_s: float | None = Field(
-        None, description="Seconds both jobs were running at the same time (None until both started). "
+        None,
+        description="Seconds both jobs were running at the same time (None until both started). "
         "When they ran at once on one host they shared its memory bandwidth, and maybe its cores, "
-        "so their timings include that contention; 0 means they ran one after the other.")
+        "so their timings include that contention; 0 means they ran one after the other.",
+    )
 
 
 class Worker(BaseModel):

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,8 +57,9 @@ class Child:
     def start(self) -> subprocess.Popen:
         self.started_at = time.monotonic()
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
-            return subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                    preexec_fn=_die_with_parent)
+            return subprocess.Popen(
+                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Stack:
     processes: list[subprocess.Popen] = field(default_factory=list)
     children: list[Child] = field(default_factory=list)  # processes[i] runs children[i]
 
-    def supervise(self, say=print) -> None:
+    def supervise(self, say: Callable[[str], object] = print) -> None:
         """Restart each child that exited, after a short backoff, saying so with `say(line)`.
         Raises ChildKeepsFailing when one fails at start MAX_FAILED_STARTS times in a row."""
         now = time.monotonic()
@@ -80,12 +82,16 @@ class Stack:
                 quick = now - child.started_at < FAILED_START_S
                 child.failed_starts = child.failed_starts + 1 if quick else 0
                 if child.failed_starts >= MAX_FAILED_STARTS:
-                    raise ChildKeepsFailing(f"{child.name} exited with code {process.returncode} {child.failed_starts} "
-                                            f"times within {FAILED_START_S:.0f} s of its start; see {child.log_path}")
-                delay = min(MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S * 2 ** child.failed_starts)
+                    raise ChildKeepsFailing(
+                        f"{child.name} exited with code {process.returncode} {child.failed_starts} "
+                        f"times within {FAILED_START_S:.0f} s of its start; see {child.log_path}"
+                    )
+                delay = min(MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S * 2**child.failed_starts)
                 child.restart_at = now + delay
-                say(f"{child.name} exited with code {process.returncode}; restarting it in {delay:.0f} s "
-                    f"(log: {child.log_path})")
+                say(
+                    f"{child.name} exited with code {process.returncode}; restarting it in {delay:.0f} s "
+                    f"(log: {child.log_path})"
+                )
             elif now >= child.restart_at:
                 child.restart_at = None
                 self.processes[i] = child.start()
@@ -97,7 +103,7 @@ class Stack:
         while time.monotonic() < deadline:
             for process in self.processes:
                 if process.poll() is not None:
-                    raise RuntimeError(f"{' '.join(process.args[:4])} exited with code {process.returncode}")
+                    raise RuntimeError(f"{' '.join(map(str, process.args[:4]))} exited with code {process.returncode}")  # type: ignore[index]
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
                     return
@@ -138,11 +144,30 @@ def start(var_dir: Path, host: str, port: int, workers: int = 1, cpu_devices: in
     logs = var_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     stack = Stack(url=f"http://{host}:{port}")
-    commands = {"api": [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port),
-                        "--timeout-graceful-shutdown", str(API_SHUTDOWN_TIMEOUT_S)]}
+    commands = {
+        "api": [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--timeout-graceful-shutdown",
+            str(API_SHUTDOWN_TIMEOUT_S),
+        ]
+    }
     for i in range(workers):
-        commands[f"worker-{i}"] = [sys.executable, "-m", "workers", "--hardware", "cpu",
-                                   "--cpu-devices", str(cpu_devices)]
+        commands[f"worker-{i}"] = [
+            sys.executable,
+            "-m",
+            "workers",
+            "--hardware",
+            "cpu",
+            "--cpu-devices",
+            str(cpu_devices),
+        ]
     for name, command in commands.items():
         child = Child(name, command, env, logs / f"{name}.log")
         stack.children.append(child)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.config import Settings, get_settings
 
@@ -117,7 +117,7 @@ class S3Store:
 
     kind = "s3"
 
-    def __init__(self, bucket: str, prefix: str, client) -> None:
+    def __init__(self, bucket: str, prefix: str, client: Any) -> None:  # client: a boto3 S3 client
         self.bucket = bucket
         self.prefix = prefix
         self.client = client
@@ -178,29 +178,41 @@ def is_s3(location: str) -> bool:
 
 
 @lru_cache
-def _s3_client(endpoint_url: str | None, region: str | None, access_key_id: str | None, secret: str | None):
+def _s3_client(endpoint_url: str | None, region: str | None, access_key_id: str | None, secret: str | None) -> Any:
     import boto3
     from botocore.config import Config
 
     # Path-style addressing: MinIO and servers on an IP address have no per-bucket host names.
-    config = Config(s3={"addressing_style": "path"} if endpoint_url else {},
-                    retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60)
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, aws_access_key_id=access_key_id,
-                        aws_secret_access_key=secret, config=config)
+    config = Config(
+        s3={"addressing_style": "path"} if endpoint_url else {},
+        retries={"max_attempts": 5, "mode": "standard"},
+        connect_timeout=5,
+        read_timeout=60,
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=region,
+        aws_access_key_id=access_key_id,
+        aws_secret_access_key=secret,
+        config=config,
+    )
 
 
-def s3_client(settings: Settings):
+def s3_client(settings: Settings) -> Any:
     """A boto3 S3 client for the settings (one per distinct configuration; they are thread-safe).
     Empty values (as compose passes unset variables) count as unset."""
     secret = settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
-    return _s3_client(settings.s3_endpoint_url or None, settings.s3_region or None,
-                      settings.s3_access_key_id or None, secret or None)
+    return _s3_client(
+        settings.s3_endpoint_url or None, settings.s3_region or None, settings.s3_access_key_id or None, secret or None
+    )
 
 
 def get_store(settings: Settings | None = None) -> LocalStore | S3Store:
     """The store new artifacts go to, as Settings.artifact_store says."""
     settings = settings or get_settings()
     if settings.artifact_store == "s3":
+        assert settings.s3_bucket, "Settings requires s3_bucket with artifact_store s3"
         return S3Store(settings.s3_bucket, settings.s3_prefix, s3_client(settings))
     return LocalStore(settings.resolved_artifact_dir())
 

@@ -31,7 +31,6 @@ class EpochMetrics:
     samples_per_s: float
     learning_rate: float | None = None  # the optimizer's rate at the epoch's first step
 
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -157,8 +156,13 @@ def _never_stop() -> None:
 _TRAINERS = {"jax": "trainers.jax_trainer", "pytorch": "trainers.torch_trainer"}
 
 
-def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop = _never_stop,
-        options: RunOptions | None = None) -> FitResult:
+def fit(
+    spec: JobSpec,
+    workdir: Path,
+    report: Report,
+    should_stop: ShouldStop = _never_stop,
+    options: RunOptions | None = None,
+) -> FitResult:
     """Train `spec` with its framework, writing artifacts into `workdir`; `options` (RunOptions)
     say where the data and the compilation cache are.
 

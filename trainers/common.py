@@ -100,6 +100,7 @@ def describe(weights: Weights) -> dict:
     """The model stored in `weights` (any model `init_weights` makes), read from names and shapes:
     {"name": "mlp"|"cnn", "in_features", "channels", "hidden_sizes", "num_classes", "batch_norm"}.
     `in_features` is None for a cnn (its input side is not stored). Raises ValueError otherwise."""
+
     def count(group: str) -> int:
         return sum(1 for name in weights if name.startswith(f"{group}.") and name.endswith(".weight"))
 
@@ -196,9 +197,18 @@ def epoch_batches(seed: int, epoch: int, n: int, batch_size: int) -> np.ndarray:
 
 
 def summarize_epoch(
-    epoch: int, *, loss_sum: float, correct: float, steps: int, batch_size: int,
-    test_loss: float, test_accuracy: float, epoch_time_s: float, eval_time_s: float,
-    learning_rate: float | None = None, evaluated: bool = True,
+    epoch: int,
+    *,
+    loss_sum: float,
+    correct: float,
+    steps: int,
+    batch_size: int,
+    test_loss: float,
+    test_accuracy: float,
+    epoch_time_s: float,
+    eval_time_s: float,
+    learning_rate: float | None = None,
+    evaluated: bool = True,
 ) -> EpochMetrics:
     """An epoch's metrics from its sums over `steps` batches of `batch_size` examples.
 

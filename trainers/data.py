@@ -107,8 +107,11 @@ def _mnist_format(name: str, data_dir: Path | None) -> Dataset:
         raise DataNotFound(_not_found_message(name), _looked_in(name, data_dir))
     arrays = {key: _read_idx_file(folder, stem) for key, stem in IDX_FILES.items()}
     return Dataset(
-        x_train=arrays["x_train"], y_train=arrays["y_train"],
-        x_test=arrays["x_test"], y_test=arrays["y_test"], num_classes=10,
+        x_train=arrays["x_train"],
+        y_train=arrays["y_train"],
+        x_test=arrays["x_test"],
+        y_test=arrays["y_test"],
+        num_classes=10,
     )
 
 
@@ -154,7 +157,7 @@ def _not_found_message(name: str) -> str:
     files = ", ".join(f"{stem}[.gz]" for stem in IDX_FILES.values())
     ways = [
         f"put its IDX files ({files}) into the folder TRAINHUB_DATA_DIR names, under {_DATA_SUBDIRS[name][0]}/",
-        "download them where there is internet access with `python -c \"from torchvision import "
+        'download them where there is internet access with `python -c "from torchvision import '
         f"datasets; datasets.{_TORCHVISION_CLASSES[name]}('DIR', download=True)\"` and set "
         "TRAINHUB_DATA_DIR=DIR",
     ]
@@ -173,7 +176,9 @@ def _looked_in(name: str, data_dir: Path | None) -> str:
 
 
 def _read_idx_file(folder: Path, stem: str) -> np.ndarray:
-    path = _idx_path(folder, stem).resolve()
+    path = _idx_path(folder, stem)
+    assert path is not None  # _find_idx_folder chose `folder` because it holds every file
+    path = path.resolve()
     stat = path.stat()
     # The modification time and size are in the key so a replaced file is read again.
     return _parse_idx_cached(str(path), stat.st_mtime_ns, stat.st_size)
@@ -191,7 +196,14 @@ def _parse_idx_cached(path: str, mtime_ns: int, size: int) -> np.ndarray:
     return array
 
 
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, type[np.generic] | str] = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: ">i2",
+    0x0C: ">i4",
+    0x0D: ">f4",
+    0x0E: ">f8",
+}
 
 
 def parse_idx(path: Path) -> np.ndarray:
@@ -246,9 +258,7 @@ SYNTHETIC_CLASSES = 10
 
 def _synthetic(n_train: int, n_test: int) -> Dataset:
     """Uniform features labelled by a fixed random linear teacher: learnable, deterministic."""
-    teacher = np.random.default_rng(12345).standard_normal(
-        (SYNTHETIC_FEATURES, SYNTHETIC_CLASSES), dtype=np.float32
-    )
+    teacher = np.random.default_rng(12345).standard_normal((SYNTHETIC_FEATURES, SYNTHETIC_CLASSES), dtype=np.float32)
 
     def split(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         # Rows are drawn one after another, so the first k rows are the same for every n >= k.

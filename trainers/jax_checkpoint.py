@@ -8,11 +8,15 @@ The RNG needs no saving: dropout keys and batch order are functions of (seed, ep
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import orbax.checkpoint as ocp
 
 from trainers.base import EpochMetrics
+
+if TYPE_CHECKING:  # for annotations only: no import at run time
+    from flax.training.train_state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -23,7 +27,7 @@ def _manager(workdir: Path) -> ocp.CheckpointManager:
     return ocp.CheckpointManager((workdir / CHECKPOINT_DIR).resolve(), options=options)
 
 
-def save(workdir: Path, epoch: int, state, metrics: list[EpochMetrics], first_step_loss: float) -> None:
+def save(workdir: Path, epoch: int, state: TrainState, metrics: list[EpochMetrics], first_step_loss: float) -> None:
     """Save the state after `epoch` (counting from 1), replacing the previous checkpoint."""
     meta = {"epoch": epoch, "metrics": [m.to_dict() for m in metrics], "first_step_loss": first_step_loss}
     with _manager(workdir) as manager:
@@ -31,7 +35,7 @@ def save(workdir: Path, epoch: int, state, metrics: list[EpochMetrics], first_st
         manager.wait_until_finished()
 
 
-def restore(workdir: Path, state):
+def restore(workdir: Path, state: TrainState) -> tuple[TrainState, list[EpochMetrics], float] | None:
     """(state, metrics, first_step_loss) of the latest complete checkpoint, shaped like `state`;
     None when there is none."""
     with _manager(workdir) as manager:

@@ -8,7 +8,7 @@ flax names the Dense layers `layers_0`, `layers_1`, ... with `kernel` [in, out] 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,14 +101,17 @@ class PatchConv(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         height, width, channels = x.shape[1:]
-        kernel = self.param("kernel", nn.initializers.lecun_normal(),
-                            (CONV_KERNEL, CONV_KERNEL, channels, self.features))
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (CONV_KERNEL, CONV_KERNEL, channels, self.features)
+        )
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         pad = CONV_KERNEL // 2
         padded = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
         # (row offset, column offset, channel) order: the order of kernel.reshape's rows.
-        patches = jnp.concatenate([padded[:, i:i + height, j:j + width, :]
-                                   for i in range(CONV_KERNEL) for j in range(CONV_KERNEL)], axis=-1)
+        patches = jnp.concatenate(
+            [padded[:, i : i + height, j : j + width, :] for i in range(CONV_KERNEL) for j in range(CONV_KERNEL)],
+            axis=-1,
+        )
         matrix = kernel.reshape(CONV_KERNEL * CONV_KERNEL * channels, self.features).astype(self.dtype)
         return patches.astype(self.dtype) @ matrix + bias.astype(self.dtype)
 
@@ -132,8 +135,9 @@ class CNN(MLP):
             if self.conv_as_matmul:
                 x = PatchConv(channels, name=f"convs_{i}", dtype=self.dtype)(x)
             else:
-                x = nn.Conv(channels, (CONV_KERNEL, CONV_KERNEL), padding="SAME", name=f"convs_{i}",
-                            dtype=self.dtype)(x)
+                x = nn.Conv(channels, (CONV_KERNEL, CONV_KERNEL), padding="SAME", name=f"convs_{i}", dtype=self.dtype)(
+                    x
+                )
             if self.batch_norm:
                 x = BatchNorm(name=f"conv_norms_{i}")(x, train=train)
             x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
@@ -141,10 +145,15 @@ class CNN(MLP):
         return self.head(x, train)
 
 
-def build(model: ModelSpec, num_classes: int, dtype=jnp.float32) -> MLP:
+def build(model: ModelSpec, num_classes: int, dtype: Any = jnp.float32) -> MLP:
     """The flax module `model` describes (inputs come flat; a cnn reshapes them to a square image)."""
-    common = dict(hidden_sizes=tuple(model.hidden_sizes), num_classes=num_classes, dropout=model.dropout,
-                  batch_norm=model.batch_norm, dtype=dtype)
+    common = dict(
+        hidden_sizes=tuple(model.hidden_sizes),
+        num_classes=num_classes,
+        dropout=model.dropout,
+        batch_norm=model.batch_norm,
+        dtype=dtype,
+    )
     if model.name == "cnn":
         return CNN(channels=tuple(model.channels), conv_as_matmul=jax.default_backend() == "cpu", **common)
     return MLP(**common)
@@ -153,8 +162,12 @@ def build(model: ModelSpec, num_classes: int, dtype=jnp.float32) -> MLP:
 # weights.safetensors name -> (flax collection, flax leaf) for each tensor kind, and the layout
 # change: dense kernels [in, out] vs PyTorch's [out, in]; conv kernels HWIO vs OIHW.
 _LEAVES = {"weight": ("params", "kernel"), "bias": ("params", "bias")}
-_NORM_LEAVES = {"weight": ("params", "scale"), "bias": ("params", "bias"),
-                "running_mean": ("batch_stats", "mean"), "running_var": ("batch_stats", "var")}
+_NORM_LEAVES = {
+    "weight": ("params", "scale"),
+    "bias": ("params", "bias"),
+    "running_mean": ("batch_stats", "mean"),
+    "running_var": ("batch_stats", "var"),
+}
 
 
 def variables_from_weights(weights: Weights) -> dict:
@@ -184,7 +197,7 @@ def params_from_weights(weights: Weights) -> dict:
     return variables_from_weights(weights)["params"]
 
 
-def weights_from_params(params: dict, batch_stats: dict | None = None) -> Weights:
+def weights_from_params(params: Mapping[str, Any], batch_stats: dict | None = None) -> Weights:
     """PyTorch-style numpy weights (`layers.i.weight` [out, in], `convs.i.weight` OIHW, ...) from
     flax params (and batch_stats); copies to host. The inverse of `variables_from_weights`."""
     host = jax.device_get({"params": params, "batch_stats": batch_stats or {}})
@@ -223,8 +236,13 @@ def load_weights(path: Path, dropout: float = 0.0) -> tuple[MLP, dict]:
     """
     weights = read_weights(path)
     info = describe(weights)
-    spec = ModelSpec.model_construct(name=info["name"], hidden_sizes=info["hidden_sizes"], dropout=dropout,
-                                     channels=info["channels"] or [1], batch_norm=info["batch_norm"])
+    spec = ModelSpec.model_construct(
+        name=info["name"],
+        hidden_sizes=info["hidden_sizes"],
+        dropout=dropout,
+        channels=info["channels"] or [1],
+        batch_norm=info["batch_norm"],
+    )
     model = build(spec, info["num_classes"])
     variables = variables_from_weights(weights)
     return model, (variables if info["batch_norm"] else variables["params"])

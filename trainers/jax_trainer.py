@@ -18,11 +18,11 @@ The run reads like the seeds' loop, made fast:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import flax
 import jax
@@ -38,8 +38,11 @@ from trainers import jax_checkpoint
 from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, RunOptions, ShouldStop
 from trainers.common import epoch_batches, fit_timings, init_weights, summarize_epoch, write_common_artifacts
 from trainers.data import load_dataset
-from trainers.jax_models import build, eval_metrics, variables_from_weights, weights_from_params
+from trainers.jax_models import MLP, build, eval_metrics, variables_from_weights, weights_from_params
 from trainers.spec import JobSpec
+
+if TYPE_CHECKING:  # for annotations only: no import at run time
+    from jax.stages import Compiled
 
 CHUNK_STEPS = 50  # steps per compiled call: long enough to hide dispatch, short enough to stop promptly
 # ...unless steps are slow (a large model): then a call runs only the steps that fit in this
@@ -64,21 +67,30 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
     # Every program built from here on counts: the loop below must build none of its own.
     programs_before = _programs_built
     compile_start = time.perf_counter()
-    run_chunk = _compile_chunk(run.state, run.data.x_train, run.data.y_train, run.key, run.chunk_steps,
-                               spec.batch_size, run.step_options)
+    run_chunk = _compile_chunk(
+        run.state, run.data.x_train, run.data.y_train, run.key, run.chunk_steps, spec.batch_size, run.step_options
+    )
     compile_s = time.perf_counter() - compile_start
 
     state, metrics, first_step_loss = resume(workdir, run.state, report)
     checkpoints = Checkpoints(workdir)
     pace = Pace(run.chunk_steps)
     for epoch in range(len(metrics) + 1, spec.epochs + 1):
-        state, (loss_sum, correct, step0_loss), epoch_time_s = train_epoch(run, run_chunk, state, epoch, pace,
-                                                                           should_stop)
+        state, (loss_sum, correct, step0_loss), epoch_time_s = train_epoch(
+            run, run_chunk, state, epoch, pace, should_stop
+        )
         first_step_loss = step0_loss if epoch == 1 else first_step_loss
         test_loss, test_accuracy, eval_time_s = evaluate(run, state)
         epoch_metrics = summarize_epoch(
-            epoch, loss_sum=loss_sum, correct=correct, steps=run.steps, batch_size=spec.batch_size,
-            test_loss=test_loss, test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
+            epoch,
+            loss_sum=loss_sum,
+            correct=correct,
+            steps=run.steps,
+            batch_size=spec.batch_size,
+            test_loss=test_loss,
+            test_accuracy=test_accuracy,
+            epoch_time_s=epoch_time_s,
+            eval_time_s=eval_time_s,
             learning_rate=run.learning_rate((epoch - 1) * run.steps),
         )
         metrics.append(epoch_metrics)
@@ -89,8 +101,11 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
     return FitResult(
         metrics=metrics,
         timings={**fit_timings(setup_s, compile_s, compilations, metrics), "checkpoint_s": checkpoints.seconds},
-        result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
-                "first_step_loss": first_step_loss},
+        result={
+            "test_accuracy": metrics[-1].test_accuracy,
+            "test_loss": metrics[-1].test_loss,
+            "first_step_loss": first_step_loss,
+        },
         artifacts=save_artifacts(workdir, spec, state, metrics),
         device=_device_info(run.mesh),
     )
@@ -131,38 +146,55 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
     replicated = NamedSharding(mesh, PartitionSpec())
     dataset = load_dataset(spec.dataset, options.data_dir)
     # The data goes to the device once; batches are gathered there by index.
-    data = DeviceData(*(jax.device_put(array, replicated) for array in
-                        (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test)))
+    data = DeviceData(
+        *(
+            jax.device_put(array, replicated)
+            for array in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test)
+        )
+    )
     steps = len(dataset.x_train) // spec.batch_size
     model = build_model(spec, dataset.num_classes)
     state, learning_rate = create_train_state(spec, model, dataset.in_features, dataset.num_classes, steps, replicated)
-    evaluate_program = jax.jit(partial(eval_metrics, model)).lower(_eval_variables(state), data.x_test,
-                                                                     data.y_test).compile()
+    evaluate_program = (
+        jax.jit(partial(eval_metrics, model)).lower(_eval_variables(state), data.x_test, data.y_test).compile()
+    )
     step_options = StepOptions(
         batch_sharding=NamedSharding(mesh, PartitionSpec("data")) if spec.devices > 1 else None,
         privacy_clip_norm=spec.privacy.clip_norm if spec.privacy else None,
         privacy_noise_multiplier=spec.privacy.noise_multiplier if spec.privacy else 0.0,
     )
-    return Run(mesh=mesh, data=data, state=state, key=jax.random.PRNGKey(spec.seed), learning_rate=learning_rate,
-               step_options=step_options, evaluate=evaluate_program, seed=spec.seed, batch_size=spec.batch_size,
-               steps=steps, chunk_steps=_chunk_steps(steps))
+    return Run(
+        mesh=mesh,
+        data=data,
+        state=state,
+        key=jax.random.PRNGKey(spec.seed),
+        learning_rate=learning_rate,
+        step_options=step_options,
+        evaluate=evaluate_program,
+        seed=spec.seed,
+        batch_size=spec.batch_size,
+        steps=steps,
+        chunk_steps=_chunk_steps(steps),
+    )
 
 
-def build_model(spec: JobSpec, num_classes: int):
+def build_model(spec: JobSpec, num_classes: int) -> MLP:
     """The flax module; bf16: params and optimizer state stay float32, the model computes in bfloat16."""
     return build(spec.model, num_classes, jnp.bfloat16 if spec.precision == "bf16" else jnp.float32)
 
 
-def create_train_state(spec: JobSpec, model, in_features: int, num_classes: int, steps_per_epoch: int,
-                       sharding: NamedSharding) -> tuple[TrainState, Callable[[int], float]]:
+def create_train_state(
+    spec: JobSpec, model: MLP, in_features: int, num_classes: int, steps_per_epoch: int, sharding: NamedSharding
+) -> tuple[TrainState, Callable[[int], float]]:
     """The initial TrainState of `model` (BatchNormTrainState with batch norm), placed with
     `sharding`, and the learning rate of each step. Initial weights come from numpy
     (common.init_weights), so a PyTorch job with this spec starts from the same ones."""
     variables = variables_from_weights(init_weights(spec.model, in_features, num_classes, spec.seed))
     optimizer, learning_rate = make_optimizer(spec, steps_per_epoch)
     if "batch_stats" in variables:
-        create = partial(BatchNormTrainState.create, apply_fn=model.apply, tx=optimizer,
-                         batch_stats=variables["batch_stats"])
+        create = partial(
+            BatchNormTrainState.create, apply_fn=model.apply, tx=optimizer, batch_stats=variables["batch_stats"]
+        )
     else:
         create = partial(TrainState.create, apply_fn=model.apply, tx=optimizer)
     return jax.jit(create, out_shardings=sharding)(params=variables["params"]), learning_rate
@@ -180,8 +212,9 @@ def resume(workdir: Path, state: TrainState, report: Report) -> tuple[TrainState
     return state, [], float("nan")
 
 
-def train_epoch(run: Run, run_chunk, state: TrainState, epoch: int, pace: Pace,
-                should_stop: ShouldStop) -> tuple[TrainState, tuple[float, float, float], float]:
+def train_epoch(
+    run: Run, run_chunk: Compiled, state: TrainState, epoch: int, pace: Pace, should_stop: ShouldStop
+) -> tuple[TrainState, tuple[float, ...], float]:
     """One epoch of `run.steps` steps in compiled chunks, asking `should_stop` between chunks.
 
     Returns the state, (sum of the batch losses, correct predictions, the loss of step 0) and the
@@ -214,8 +247,9 @@ def train_epoch(run: Run, run_chunk, state: TrainState, epoch: int, pace: Pace,
 def evaluate(run: Run, state: TrainState) -> tuple[float, float, float]:
     """(mean test cross-entropy in nats, test accuracy, seconds it took) of `state`."""
     eval_start = time.perf_counter()
-    test_loss, test_accuracy = (float(v) for v in jax.device_get(
-        run.evaluate(_eval_variables(state), run.data.x_test, run.data.y_test)))
+    test_loss, test_accuracy = (
+        float(v) for v in jax.device_get(run.evaluate(_eval_variables(state), run.data.x_test, run.data.y_test))
+    )
     return test_loss, test_accuracy, time.perf_counter() - eval_start
 
 
@@ -283,8 +317,13 @@ def train_step(
 
     def loss_fn(params):
         if batch_norm:
-            logits, updates = state.apply_fn({"params": params, "batch_stats": state.batch_stats}, x, train=True,
-                                             rngs={"dropout": key}, mutable=["batch_stats"])
+            logits, updates = state.apply_fn(
+                {"params": params, "batch_stats": state.batch_stats},
+                x,
+                train=True,
+                rngs={"dropout": key},
+                mutable=["batch_stats"],
+            )
         else:
             logits, updates = state.apply_fn({"params": params}, x, train=True, rngs={"dropout": key}), None
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), (logits, updates)
@@ -297,10 +336,13 @@ def train_step(
     return state, (loss, correct)
 
 
-def _private_step(state, x, y, key, options: StepOptions):
+def _private_step(
+    state: TrainState, x: jax.Array, y: jax.Array, key: jax.Array, options: StepOptions
+) -> tuple[TrainState, tuple[jax.Array, jax.Array]]:
     """DP-SGD: per-example gradients (vmap of grad), each clipped to L2 norm C, summed, plus
     N(0, (noise_multiplier * C)^2) per coordinate, divided by the batch size."""
     clip, batch = options.privacy_clip_norm, x.shape[0]
+    assert clip is not None  # train_step takes this path only when privacy_clip_norm is set
 
     def example_loss(params, x1, y1, dropout_key):
         logits = state.apply_fn({"params": params}, x1[None], train=True, rngs={"dropout": dropout_key})
@@ -315,15 +357,18 @@ def _private_step(state, x, y, key, options: StepOptions):
     leaves, treedef = jax.tree.flatten(grads)
     noise_keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
     noised = [
-        (jnp.tensordot(factors, g, axes=1) + options.privacy_noise_multiplier * clip
-         * jax.random.normal(k, g.shape[1:], g.dtype)) / batch
+        (
+            jnp.tensordot(factors, g, axes=1)
+            + options.privacy_noise_multiplier * clip * jax.random.normal(k, g.shape[1:], g.dtype)
+        )
+        / batch
         for g, k in zip(leaves, noise_keys)
     ]
     state = state.apply_gradients(grads=jax.tree.unflatten(treedef, noised))
     return state, (losses.mean(), jnp.sum(jnp.argmax(logits, axis=-1) == y))
 
 
-def make_optimizer(spec: JobSpec, steps_per_epoch: int):
+def make_optimizer(spec: JobSpec, steps_per_epoch: int) -> tuple[optax.GradientTransformation, Callable[[int], float]]:
     """(optax transformation, learning_rate(step) -> float) for spec.optimizer.
 
     Schedules count optimizer steps (optax's own count in opt_state), as OptimizerSpec defines
@@ -354,7 +399,7 @@ def make_optimizer(spec: JobSpec, steps_per_epoch: int):
     return tx, (lambda step: float(schedule(step)) if callable(schedule) else float(schedule))
 
 
-def _eval_variables(state) -> dict:
+def _eval_variables(state: TrainState) -> Mapping[str, Any]:
     """What eval_metrics applies the model to: the params, with the running statistics if any."""
     if isinstance(state, BatchNormTrainState):
         return {"params": state.params, "batch_stats": state.batch_stats}
@@ -398,7 +443,15 @@ def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key
     return state, totals
 
 
-def _compile_chunk(state, x_train, y_train, key, chunk_steps: int, batch_size: int, options=StepOptions()):
+def _compile_chunk(
+    state: TrainState,
+    x_train: jax.Array,
+    y_train: jax.Array,
+    key: jax.Array,
+    chunk_steps: int,
+    batch_size: int,
+    options: StepOptions = StepOptions(),
+) -> Compiled:
     """Trace and compile train_chunk ahead of time for [chunk_steps, batch_size] batches.
 
     The compiled program only accepts exactly these shapes, so it cannot silently recompile.
@@ -407,7 +460,7 @@ def _compile_chunk(state, x_train, y_train, key, chunk_steps: int, batch_size: i
     step_ids = np.zeros(chunk_steps, np.int32)
     valid = np.zeros(chunk_steps, bool)
     totals = np.zeros(3, np.float32)
-    shardings = {}
+    shardings: dict[str, Any] = {}  # jax.jit's keyword arguments
     if options.batch_sharding is not None:
         # Outputs replicated like the inputs, so the next chunk takes them as they are (else XLA
         # may pick other layouts, and every call would reshard them with programs of its own).
@@ -456,7 +509,7 @@ class Pace:
         self.step_s, self.probes_left = step_s, max(0, self.probes_left - 1)
 
 
-def _chunk(batches: np.ndarray, first: int, count: int, chunk_steps: int):
+def _chunk(batches: np.ndarray, first: int, count: int, chunk_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(batch_idx [C, B], step_ids [C], valid [C]) for the epoch's steps first..first+count-1
     (fewer at the epoch's end), padded to C = chunk_steps with skipped steps."""
     count = min(count, len(batches) - first)
@@ -475,7 +528,8 @@ def _check_backend(hardware: str) -> None:
 def _use_compile_cache(directory: Path | None) -> None:
     """Keep compiled programs in `directory`, when given, across worker restarts."""
     cache_dir = str(directory) if directory else None
-    if not cache_dir or jax.config.jax_compilation_cache_dir == cache_dir:
+    # jax.config reads its flags as attributes, which its stub does not declare.
+    if not cache_dir or jax.config.jax_compilation_cache_dir == cache_dir:  # type: ignore[attr-defined]
         return
     compilation_cache.set_cache_dir(cache_dir)
     # A compile before this one may have settled "no cache" for the process: start afresh.
@@ -488,14 +542,15 @@ def _use_compile_cache(directory: Path | None) -> None:
 _programs_built = 0  # XLA programs compiled or loaded from the persistent cache, process-wide
 
 
-def _count_program(event: str, duration_s: float, **kwargs) -> None:
+def _count_program(event: str, duration_s: float, **kwargs: str | int) -> None:
     global _programs_built
     if event == "/jax/core/compile/backend_compile_duration":  # one per program, cache hits too
         _programs_built += 1
 
 
 # jax offers no public way to unregister a listener, so one is registered for the process.
-jax.monitoring.register_event_duration_secs_listener(_count_program)
+# jax calls listeners positionally; its Protocol also names the second parameter, duration_secs.
+jax.monitoring.register_event_duration_secs_listener(_count_program)  # type: ignore[arg-type]
 
 
 def _device_info(mesh: Mesh) -> dict:

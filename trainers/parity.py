@@ -36,9 +36,7 @@ def predict(weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     return forward(weights, x).argmax(axis=1)
 
 
-def check(
-    jax_run: dict, torch_run: dict, x_test: np.ndarray, dropout: float
-) -> dict:
+def check(jax_run: dict, torch_run: dict, x_test: np.ndarray, dropout: float) -> dict:
     """Compare two runs. Each run is {"first_step_loss": float, "train_losses": [float per epoch],
     "weights": {name: array}}. Returns {"passed": bool, "checks": [...], "message": str}."""
     checks = []
@@ -48,21 +46,35 @@ def check(
         rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(jax_run["train_losses"], torch_run["train_losses"])]
         checks.append(_check("epoch train loss", max(rel, default=0.0), EPOCH_LOSS_RTOL, "largest relative difference"))
     agreement = float(np.mean(predict(jax_run["weights"], x_test) == predict(torch_run["weights"], x_test)))
-    checks.append({
-        "name": "test predictions agree", "value": agreement, "tolerance": PREDICTION_AGREEMENT,
-        "measure": "fraction of the test set", "passed": agreement >= PREDICTION_AGREEMENT,
-    })
+    checks.append(
+        {
+            "name": "test predictions agree",
+            "value": agreement,
+            "tolerance": PREDICTION_AGREEMENT,
+            "measure": "fraction of the test set",
+            "passed": agreement >= PREDICTION_AGREEMENT,
+        }
+    )
     failed = [c["name"] for c in checks if not c["passed"]]
     if failed:
-        message = (f"the two runs disagree ({', '.join(failed)}): they did not train the same model, so "
-                   "their speed and accuracy are not comparable")
+        message = (
+            f"the two runs disagree ({', '.join(failed)}): they did not train the same model, so "
+            "their speed and accuracy are not comparable"
+        )
     else:
-        message = "both frameworks trained the same model" + ("" if dropout == 0 else
-                                                              " (dropout on: losses not compared step by step)")
+        message = "both frameworks trained the same model" + (
+            "" if dropout == 0 else " (dropout on: losses not compared step by step)"
+        )
     return {"passed": not failed, "checks": checks, "message": message}
 
 
 def _check(name: str, value: float, tolerance: float, measure: str) -> dict:
     passed = math.isfinite(value) and value <= tolerance
     # JSON has no NaN: a value that is not a number is stored as null (and fails the check).
-    return {"name": name, "value": value if math.isfinite(value) else None, "tolerance": tolerance, "measure": measure, "passed": passed}
+    return {
+        "name": name,
+        "value": value if math.isfinite(value) else None,
+        "tolerance": tolerance,
+        "measure": measure,
+        "passed": passed,
+    }

@@ -172,17 +172,22 @@ class TrainingSpec(_Strict):
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     max_runtime_s: Annotated[float, Field(gt=0, le=MAX_RUNTIME_S, allow_inf_nan=False)] | None = None
     name: Annotated[str, Field(max_length=200)] | None = None
-    labels: Annotated[dict[Annotated[str, Field(max_length=MAX_LABEL_KEY_CHARS)],
-                           Annotated[str, Field(max_length=MAX_LABEL_VALUE_CHARS)]],
-                      Field(max_length=MAX_LABELS)] = Field(default_factory=dict)
+    labels: Annotated[
+        dict[
+            Annotated[str, Field(max_length=MAX_LABEL_KEY_CHARS)],
+            Annotated[str, Field(max_length=MAX_LABEL_VALUE_CHARS)],
+        ],
+        Field(max_length=MAX_LABELS),
+    ] = Field(default_factory=dict)
     privacy: PrivacySpec | None = _new(None, description="Per-example gradient clipping and noise (DP-SGD).")
     precision: Literal["fp32", "bf16"] = _new(
         "fp32", description="bf16: params and optimizer in fp32, the forward and backward in bfloat16 (gpu, tpu)."
     )
     devices: Annotated[int, Field(ge=1, le=MAX_DEVICES)] = _new(
-        1, description="Data parallel over this many devices of the hardware (JAX: a sharded mesh; PyTorch: DDP, "
+        1,
+        description="Data parallel over this many devices of the hardware (JAX: a sharded mesh; PyTorch: DDP, "
         "one process per device); batch_size is the global batch. The job waits in queue "
-        "<hardware>.<framework>.x<N> until a worker owning N devices is online."
+        "<hardware>.<framework>.x<N> until a worker owning N devices is online.",
     )
 
     @model_validator(mode="after")
@@ -203,16 +208,22 @@ class TrainingSpec(_Strict):
                 "to nothing; use fewer conv layers"
             )
         if self.optimizer.warmup_epochs >= self.epochs:
-            raise ValueError(f"optimizer.warmup_epochs ({self.optimizer.warmup_epochs}) must be fewer than "
-                             f"the {self.epochs} epochs, leaving some for the cosine decay")
+            raise ValueError(
+                f"optimizer.warmup_epochs ({self.optimizer.warmup_epochs}) must be fewer than "
+                f"the {self.epochs} epochs, leaving some for the cosine decay"
+            )
         if self.privacy is not None and self.model.batch_norm:
-            raise ValueError("privacy needs per-example gradients, which batch_norm (mixing the examples "
-                             "of a batch) does not have; turn model.batch_norm off")
+            raise ValueError(
+                "privacy needs per-example gradients, which batch_norm (mixing the examples "
+                "of a batch) does not have; turn model.batch_norm off"
+            )
         if self.precision == "bf16" and self.hardware == "cpu":
             raise ValueError('precision "bf16" needs hardware gpu or tpu; on cpu use precision "fp32"')
         if self.batch_size % self.devices:
-            raise ValueError(f"batch_size {self.batch_size} must be a multiple of devices ({self.devices}): "
-                             "each device takes an equal share of the global batch")
+            raise ValueError(
+                f"batch_size {self.batch_size} must be a multiple of devices ({self.devices}): "
+                "each device takes an equal share of the global batch"
+            )
         _check_batch_norm(self)
         return self
 
@@ -252,8 +263,10 @@ class JobSpec(TrainingSpec):
         if self.framework == "pytorch":
             _check_ddp(self)
         if self.devices > 1 and self.compile and self.framework == "pytorch":
-            raise ValueError("compile with devices above 1 is not available for pytorch (DDP runs eager); "
-                             "leave compile false or use devices 1")
+            raise ValueError(
+                "compile with devices above 1 is not available for pytorch (DDP runs eager); "
+                "leave compile false or use devices 1"
+            )
         return self
 
 
@@ -283,11 +296,15 @@ def _check_ddp(spec: TrainingSpec) -> None:
     if spec.devices == 1:
         return
     if spec.hardware == "tpu":
-        raise ValueError("devices above 1 for pytorch on tpu is not available (no torch_xla DDP here); "
-                         "use framework jax on tpu, or devices 1")
+        raise ValueError(
+            "devices above 1 for pytorch on tpu is not available (no torch_xla DDP here); "
+            "use framework jax on tpu, or devices 1"
+        )
     if spec.model.batch_norm and spec.hardware == "cpu":
-        raise ValueError("model.batch_norm with devices above 1 needs SyncBatchNorm, which PyTorch has on gpu "
-                         "only: on cpu use devices 1, or turn batch_norm off")
+        raise ValueError(
+            "model.batch_norm with devices above 1 needs SyncBatchNorm, which PyTorch has on gpu "
+            "only: on cpu use devices 1, or turn batch_norm off"
+        )
 
 
 class ComparisonSpec(TrainingSpec):
@@ -306,7 +323,8 @@ class ComparisonSpec(TrainingSpec):
         return self
 
     def for_framework(self, framework: str) -> JobSpec:
-        return JobSpec(framework=framework, **self.model_dump())
+        # Callers pass a str from FRAMEWORKS; pydantic checks it is a Framework when it validates.
+        return JobSpec(framework=framework, **self.model_dump())  # type: ignore[arg-type]
 
 
 def image_side(dataset: str) -> int:

@@ -17,8 +17,15 @@ from trainers.base import EpochMetrics
 CHECKPOINT_FILE = "checkpoint.pt"
 
 
-def save(workdir: Path, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         metrics: list[EpochMetrics], first_step_loss: float, scheduler=None) -> None:
+def save(
+    workdir: Path,
+    epoch: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    metrics: list[EpochMetrics],
+    first_step_loss: float,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> None:
     """Save the run after `epoch` (counting from 1), replacing the previous checkpoint atomically."""
     payload = {
         "epoch": epoch,
@@ -38,7 +45,12 @@ def save(workdir: Path, epoch: int, model: torch.nn.Module, optimizer: torch.opt
     os.replace(partial, path)
 
 
-def restore(workdir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None):
+def restore(
+    workdir: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> tuple[list[EpochMetrics], float] | None:
     """Load the latest checkpoint into `model` and `optimizer`; (metrics, first_step_loss), or
     None when there is none."""
     path = workdir / CHECKPOINT_FILE

@@ -28,13 +28,27 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, NanLoss, Report, RunOptions, ShouldStop, StopTraining
+from trainers.base import (
+    EpochMetrics,
+    FitResult,
+    HardwareMismatch,
+    NanLoss,
+    Report,
+    RunOptions,
+    ShouldStop,
+    StopTraining,
+)
 from trainers.spec import JobSpec
+
+if TYPE_CHECKING:  # for annotations only: no import at run time
+    from multiprocessing.queues import Queue
+    from multiprocessing.sharedctypes import Synchronized
 
 POLL_S = 0.25  # how often the supervisor asks should_stop while no message arrives
 EXIT_WAIT_S = 60.0  # how long stopped ranks get to leave before they are killed
@@ -56,8 +70,12 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
     messages, stop = context.Queue(), context.Value("b", 0)
     port = _free_port()
     ranks = [
-        context.Process(target=_rank_main, name=f"trainhub-ddp-rank{rank}", daemon=True,
-                        args=(rank, spec.model_dump(mode="json"), str(workdir), port, devices, messages, stop, start, options))
+        context.Process(
+            target=_rank_main,
+            name=f"trainhub-ddp-rank{rank}",
+            daemon=True,
+            args=(rank, spec.model_dump(mode="json"), str(workdir), port, devices, messages, stop, start, options),
+        )
         for rank in range(spec.devices)
     ]
     for process in ranks:
@@ -97,7 +115,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _supervise(ranks: list, messages, report: Report, should_stop: ShouldStop) -> FitResult:
+def _supervise(ranks: list, messages: Queue[tuple[str, dict]], report: Report, should_stop: ShouldStop) -> FitResult:
     """Relay rank 0's epochs to `report` until its result arrives; raise a rank's error."""
     while True:
         try:
@@ -106,7 +124,9 @@ def _supervise(ranks: list, messages, report: Report, should_stop: ShouldStop) -
             should_stop()
             for rank, process in enumerate(ranks):
                 if process.exitcode not in (None, 0):
-                    raise RuntimeError(f"DDP rank {rank} exited with code {process.exitcode} before the run ended")
+                    raise RuntimeError(
+                        f"DDP rank {rank} exited with code {process.exitcode} before the run ended"
+                    ) from None
             continue
         if kind == "epoch":
             report(payload["epoch"], EpochMetrics(**payload))
@@ -148,7 +168,7 @@ class Group:
 
     def shard(self, batches: torch.Tensor) -> torch.Tensor:
         share = batches.shape[1] // self.size
-        return batches[:, self.rank * share:(self.rank + 1) * share]
+        return batches[:, self.rank * share : (self.rank + 1) * share]
 
     def total(self, *values: torch.Tensor) -> list[float]:
         summed = self.all_sum(torch.stack([v.detach().to(torch.float64) for v in values]))
@@ -161,7 +181,7 @@ class Group:
     def devices(self) -> list[str]:
         return [f"{self.device.type}:{i}" for i in range(self.size)]
 
-    def agree_to_stop(self, flag) -> bool:
+    def agree_to_stop(self, flag: Synchronized[int]) -> bool:
         """Whether any rank saw the supervisor's stop flag (every rank must call it together)."""
         seen = torch.tensor([float(flag.value)], device=self.device)
         dist.all_reduce(seen, op=dist.ReduceOp.MAX)
@@ -172,31 +192,58 @@ class _Stopped(Exception):
     """The ranks agreed to stop; the supervisor already knows why."""
 
 
-def _rank_main(rank: int, spec_json: dict, workdir: str, port: int, devices: list[int], messages, stop,
-               start: float, options: RunOptions) -> None:
+def _rank_main(
+    rank: int,
+    spec_json: dict,
+    workdir: str,
+    port: int,
+    devices: list[int],
+    messages: Queue[tuple[str, dict]],
+    stop: Synchronized[int],
+    start: float,
+    options: RunOptions,
+) -> None:
     """One rank, in its own process: join the group, train, send rank 0's results."""
     _die_with_parent()
     size = len(devices)
     try:
         device = _bind(spec_json["hardware"], devices[rank])
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=rank, world_size=size, timeout=timedelta(minutes=10))
-        result = _train_rank(rank, size, device, JobSpec.model_validate(spec_json), Path(workdir), messages, stop,
-                             start, options)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=size,
+            timeout=timedelta(minutes=10),
+        )
+        result = _train_rank(
+            rank, size, device, JobSpec.model_validate(spec_json), Path(workdir), messages, stop, start, options
+        )
         if rank == 0 and result is not None:
-            messages.put(("result", {
-                "metrics": [m.to_dict() for m in result.metrics], "timings": result.timings,
-                "result": result.result, "artifacts": result.artifacts, "device": result.device,
-            }))
+            messages.put(
+                (
+                    "result",
+                    {
+                        "metrics": [m.to_dict() for m in result.metrics],
+                        "timings": result.timings,
+                        "result": result.result,
+                        "artifacts": result.artifacts,
+                        "device": result.device,
+                    },
+                )
+            )
     except _Stopped:
         pass
     except BaseException as exc:  # sent, so the supervisor fails the job with the real cause
-        payload = {"rank": rank, "type": type(exc).__name__, "message": str(exc) or repr(exc),
-                   "traceback": traceback.format_exc()}
+        payload = {
+            "rank": rank,
+            "type": type(exc).__name__,
+            "message": str(exc) or repr(exc),
+            "traceback": traceback.format_exc(),
+        }
         if isinstance(exc, NanLoss):
             payload.update(epoch=exc.epoch, value=exc.value, metric=exc.metric)
         messages.put(("error", payload))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -214,8 +261,17 @@ def _bind(hardware: str, index: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def _train_rank(rank: int, size: int, device: torch.device, spec: JobSpec, workdir: Path, messages, stop,
-                start: float, options: RunOptions) -> FitResult | None:
+def _train_rank(
+    rank: int,
+    size: int,
+    device: torch.device,
+    spec: JobSpec,
+    workdir: Path,
+    messages: Queue[tuple[str, dict]],
+    stop: Synchronized[int],
+    start: float,
+    options: RunOptions,
+) -> FitResult | None:
     from trainers import torch_trainer
 
     group = Group(rank, size, device)

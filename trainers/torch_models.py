@@ -26,17 +26,20 @@ class MLP(nn.Module):
     """
 
     def __init__(
-        self, in_features: int, hidden_sizes: Sequence[int], num_classes: int, dropout: float = 0.0,
+        self,
+        in_features: int,
+        hidden_sizes: Sequence[int],
+        num_classes: int,
+        dropout: float = 0.0,
         batch_norm: bool = False,
     ) -> None:
         super().__init__()
         sizes = [in_features, *hidden_sizes, num_classes]
-        self.layers = nn.ModuleList(
-            nn.Linear(fan_in, fan_out) for fan_in, fan_out in zip(sizes[:-1], sizes[1:])
-        )
+        self.layers = nn.ModuleList(nn.Linear(fan_in, fan_out) for fan_in, fan_out in zip(sizes[:-1], sizes[1:]))
         if batch_norm:  # only then: the seeds' MLP keeps exactly its state_dict names
-            self.norms = nn.ModuleList(nn.BatchNorm1d(size, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM)
-                                       for size in hidden_sizes)
+            self.norms = nn.ModuleList(
+                nn.BatchNorm1d(size, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM) for size in hidden_sizes
+            )
         # Dropout holds no weights, so one module serves every hidden layer and the
         # state_dict keeps only the layers' names.
         self.dropout = nn.Dropout(dropout)
@@ -58,8 +61,13 @@ class CNN(MLP):
     """
 
     def __init__(
-        self, side: int, channels: Sequence[int], hidden_sizes: Sequence[int], num_classes: int,
-        dropout: float = 0.0, batch_norm: bool = False,
+        self,
+        side: int,
+        channels: Sequence[int],
+        hidden_sizes: Sequence[int],
+        num_classes: int,
+        dropout: float = 0.0,
+        batch_norm: bool = False,
     ) -> None:
         out_side = side
         for _ in channels:
@@ -67,10 +75,13 @@ class CNN(MLP):
         super().__init__(channels[-1] * out_side * out_side, hidden_sizes, num_classes, dropout, batch_norm)
         self.side = side
         c_in = [1, *channels[:-1]]
-        self.convs = nn.ModuleList(nn.Conv2d(i, o, CONV_KERNEL, padding=CONV_KERNEL // 2) for i, o in zip(c_in, channels))
+        self.convs = nn.ModuleList(
+            nn.Conv2d(i, o, CONV_KERNEL, padding=CONV_KERNEL // 2) for i, o in zip(c_in, channels)
+        )
         if batch_norm:
-            self.conv_norms = nn.ModuleList(nn.BatchNorm2d(c, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM)
-                                            for c in channels)
+            self.conv_norms = nn.ModuleList(
+                nn.BatchNorm2d(c, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM) for c in channels
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(len(x), 1, self.side, self.side)
@@ -85,8 +96,9 @@ class CNN(MLP):
 def build(model: ModelSpec, in_features: int, num_classes: int) -> MLP:
     """The nn.Module `model` describes, for flat inputs of `in_features` (a cnn: a square image)."""
     if model.name == "cnn":
-        return CNN(math.isqrt(in_features), model.channels, model.hidden_sizes, num_classes, model.dropout,
-                   model.batch_norm)
+        return CNN(
+            math.isqrt(in_features), model.channels, model.hidden_sizes, num_classes, model.dropout, model.batch_norm
+        )
     return MLP(in_features, model.hidden_sizes, num_classes, model.dropout, model.batch_norm)
 
 
@@ -96,8 +108,13 @@ def from_weights(weights: Weights, dropout: float = 0.0, in_features: int | None
     A cnn's input size is not in its weights: `in_features` (default 784, a 28x28 image) says it.
     """
     info = describe(weights)
-    spec = ModelSpec.model_construct(name=info["name"], hidden_sizes=info["hidden_sizes"], dropout=dropout,
-                                     channels=info["channels"] or [1], batch_norm=info["batch_norm"])
+    spec = ModelSpec.model_construct(
+        name=info["name"],
+        hidden_sizes=info["hidden_sizes"],
+        dropout=dropout,
+        channels=info["channels"] or [1],
+        batch_norm=info["batch_norm"],
+    )
     model = build(spec, info["in_features"] or in_features or 784, info["num_classes"])
     tensors = {name: torch.tensor(np.asarray(value)) for name, value in weights.items()}
     # BatchNorm's num_batches_tracked counts steps only for momentum=None, which is not used here;
@@ -110,8 +127,11 @@ def from_weights(weights: Weights, dropout: float = 0.0, in_features: int | None
 
 def weights_from_state_dict(model: nn.Module) -> Weights:
     """numpy weights (PyTorch names) for weights.safetensors, without BatchNorm's step counters."""
-    return {name: tensor.detach().cpu().numpy() for name, tensor in model.state_dict().items()
-            if not name.endswith("num_batches_tracked")}
+    return {
+        name: tensor.detach().cpu().numpy()
+        for name, tensor in model.state_dict().items()
+        if not name.endswith("num_batches_tracked")
+    }
 
 
 def load_weights(path: Path, dropout: float = 0.0, in_features: int | None = None) -> MLP:
@@ -125,7 +145,7 @@ def load_weights(path: Path, dropout: float = 0.0, in_features: int | None = Non
 EVAL_BATCH = 1000  # examples evaluated at once, as trainers.jax_models.EVAL_BATCH
 
 
-def evaluate(model: MLP, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray) -> tuple[float, float]:
+def evaluate(model: nn.Module, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray) -> tuple[float, float]:
     """(mean cross-entropy in nats, accuracy in [0, 1]) of `model` over the whole of x [N, D], y [N],
     EVAL_BATCH examples at a time.
 
@@ -140,8 +160,8 @@ def evaluate(model: MLP, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndar
     correct = torch.zeros((), dtype=torch.int64, device=device)
     with torch.no_grad():
         for first in range(0, len(x), EVAL_BATCH):  # the whole set at once would hold every example's activations
-            logits = model(x[first:first + EVAL_BATCH])
-            yb = y[first:first + EVAL_BATCH]
+            logits = model(x[first : first + EVAL_BATCH])
+            yb = y[first : first + EVAL_BATCH]
             loss_sum += F.cross_entropy(logits, yb, reduction="sum")
             correct += (logits.argmax(dim=1) == yb).sum()
     return float(loss_sum) / len(x), float(correct) / len(x)

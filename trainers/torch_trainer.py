@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +32,13 @@ from trainers.common import (
     write_common_artifacts,
 )
 from trainers.data import load_dataset
-from trainers.spec import JobSpec
-from trainers.torch_models import MLP, evaluate, from_weights, weights_from_state_dict
+from trainers.spec import JobSpec, OptimizerSpec
+from trainers.torch_models import evaluate, from_weights, weights_from_state_dict
+
+if TYPE_CHECKING:  # for annotations only: torch_ddp imports this module, and dynamo is heavy
+    from torch._dynamo.callback import CallbackArgs
+
+    from trainers.torch_ddp import Group
 
 STOP_CHECK_STEPS = 50  # ask should_stop every this many steps, as the JAX trainer does per chunk
 # ...or, on one device, once this many seconds passed since the last ask (slow steps: a large model)
@@ -94,8 +100,15 @@ class OneDevice:
         return [f"{self.device.type}:{self.device.index or 0}"]
 
 
-def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, world, start: float,
-          options: RunOptions) -> FitResult:
+def train(
+    spec: JobSpec,
+    workdir: Path,
+    report: Report,
+    should_stop: ShouldStop,
+    world: OneDevice | Group,
+    start: float,
+    options: RunOptions,
+) -> FitResult:
     """The training run of `fit` in `world` (OneDevice, or one rank of torch_ddp's group): the
     same steps on any number of devices, each device taking its share of every global batch.
     Only rank 0 checkpoints and writes artifacts; every rank reports (the caller decides who
@@ -116,15 +129,24 @@ def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop,
         # Rank 0 reports and checkpoints; the other ranks' test metrics would go nowhere.
         test_loss, test_accuracy, eval_time_s = test(run) if world.rank == 0 else (math.nan, math.nan, 0.0)
         epoch_metrics = summarize_epoch(
-            epoch, loss_sum=train_loss, correct=train_correct, steps=run.steps, batch_size=spec.batch_size,
-            test_loss=test_loss, test_accuracy=test_accuracy, epoch_time_s=epoch_time_s, eval_time_s=eval_time_s,
-            learning_rate=learning_rate, evaluated=world.rank == 0,
+            epoch,
+            loss_sum=train_loss,
+            correct=train_correct,
+            steps=run.steps,
+            batch_size=spec.batch_size,
+            test_loss=test_loss,
+            test_accuracy=test_accuracy,
+            epoch_time_s=epoch_time_s,
+            eval_time_s=eval_time_s,
+            learning_rate=learning_rate,
+            evaluated=world.rank == 0,
         )
         metrics.append(epoch_metrics)
         checkpoint_start = time.perf_counter()
         if world.rank == 0:
-            torch_checkpoint.save(workdir, epoch, run.model, run.optimizer, metrics, first_step_loss.item(),
-                                  run.scheduler)
+            torch_checkpoint.save(
+                workdir, epoch, run.model, run.optimizer, metrics, first_step_loss.item(), run.scheduler
+            )
         checkpoint_s += time.perf_counter() - checkpoint_start
         report(epoch, epoch_metrics)
 
@@ -135,10 +157,15 @@ def train(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop,
         # Eager: nothing is compiled (0, 0.0). Compiled: the graphs torch.compile built in this
         # run, 1 for a new step and 0 for one this process compiled before; any more would be a
         # recompilation in the middle of training.
-        timings={**fit_timings(setup_s, compile_s, _graphs_compiled - graphs_before, metrics),
-                 "checkpoint_s": checkpoint_s},
-        result={"test_accuracy": metrics[-1].test_accuracy, "test_loss": metrics[-1].test_loss,
-                "first_step_loss": first_step_loss.item()},
+        timings={
+            **fit_timings(setup_s, compile_s, _graphs_compiled - graphs_before, metrics),
+            "checkpoint_s": checkpoint_s,
+        },
+        result={
+            "test_accuracy": metrics[-1].test_accuracy,
+            "test_loss": metrics[-1].test_loss,
+            "first_step_loss": first_step_loss.item(),
+        },
         artifacts=save_artifacts(workdir, spec, run.model, metrics),
         device=_device_info(run.device, world.devices()),
     )
@@ -160,7 +187,7 @@ class Run:
     steps: int  # optimizer steps per epoch
 
 
-def prepare(spec: JobSpec, world, options: RunOptions) -> Run:
+def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run:
     """The data on the device, the model with its initial weights, the optimizer and scheduler."""
     device = world.device
     data = load_dataset(spec.dataset, options.data_dir)
@@ -176,9 +203,12 @@ def prepare(spec: JobSpec, world, options: RunOptions) -> Run:
         y_train=torch.tensor(data.y_train).to(device, torch.int64),  # cross_entropy wants int64 targets
         x_test=torch.tensor(data.x_test).to(device),
         y_test=torch.tensor(data.y_test).to(device, torch.int64),
-        model=model, optimizer=optimizer, scheduler=scheduler,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
         # bf16: params and optimizer state stay float32; autocast runs the forward in bfloat16.
-        autocast=(lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if spec.precision == "bf16"
+        autocast=(lambda: torch.autocast(device.type, dtype=torch.bfloat16))
+        if spec.precision == "bf16"
         else nullcontext,
         steps=steps,
     )
@@ -209,14 +239,19 @@ def resume(workdir: Path, run: Run, report: Report) -> tuple[list[EpochMetrics],
 TrainStep = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world) -> TrainStep:
+def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: OneDevice | Group) -> TrainStep:
     """`step(x, y) -> (loss, logits)`: one optimizer step on a batch, as the seeds' loop takes it
     (zero_grad, backward, step). The options plug in here, not into the loop: the gradients come
     from `forward` (the model, compiled or DDP-wrapped) or, with privacy, from DP-SGD's clipped
     and noised per-example gradients; clip_norm clips them; the scheduler steps per step."""
     if spec.privacy is not None:
-        gradients = partial(_private_gradients, run.model, clip_norm=spec.privacy.clip_norm,
-                            noise_multiplier=spec.privacy.noise_multiplier, world=world)
+        gradients = partial(
+            _private_gradients,
+            run.model,
+            clip_norm=spec.privacy.clip_norm,
+            noise_multiplier=spec.privacy.noise_multiplier,
+            world=world,
+        )
     else:
         gradients = partial(_gradients, forward, run.autocast)
     clip_norm = spec.optimizer.clip_norm
@@ -234,7 +269,9 @@ def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world) ->
     return step
 
 
-def _gradients(forward: torch.nn.Module, autocast, x: torch.Tensor, y: torch.Tensor):
+def _gradients(
+    forward: torch.nn.Module, autocast: Callable[[], ContextManager], x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The mini-batch's mean cross-entropy, backpropagated into each parameter's .grad; (loss, logits)."""
     with autocast():
         logits = forward(x)
@@ -243,8 +280,9 @@ def _gradients(forward: torch.nn.Module, autocast, x: torch.Tensor, y: torch.Ten
     return loss, logits
 
 
-def train_epoch(spec: JobSpec, run: Run, step: TrainStep, world, epoch: int,
-                should_stop: ShouldStop) -> tuple[float, float, float, torch.Tensor | None]:
+def train_epoch(
+    spec: JobSpec, run: Run, step: TrainStep, world: OneDevice | Group, epoch: int, should_stop: ShouldStop
+) -> tuple[float, float, float, torch.Tensor | None]:
     """One epoch of `run.steps` steps over this device's share of each batch, asking
     `should_stop` every STOP_CHECK_STEPS steps (and every STOP_CHECK_S on one device).
 
@@ -296,8 +334,13 @@ def save_artifacts(workdir: Path, spec: JobSpec, model: torch.nn.Module, metrics
 
 
 def _compile(
-    model: MLP, x_train: torch.Tensor, y_train: torch.Tensor, batch_size: int, spec: JobSpec,
-    device: torch.device, autocast=nullcontext,
+    model: torch.nn.Module,
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    batch_size: int,
+    spec: JobSpec,
+    device: torch.device,
+    autocast: Callable[[], ContextManager] = nullcontext,
 ) -> torch.nn.Module:
     """`model` compiled with torch.compile (TorchInductor), its forward and backward built now.
 
@@ -330,14 +373,15 @@ def _compile(
         loss.backward()
     model.zero_grad(set_to_none=True)
     _wait_for(device)
-    return compiled
+    # torch.compile of a Module returns an OptimizedModule (a Module); its stub says a plain callable.
+    return compiled  # type: ignore[return-value]
 
 
 _compiled_steps: set[tuple] = set()  # the steps torch.compile holds for this process, by shape
 _graphs_compiled = 0  # graphs torch.compile (dynamo) traced and compiled in this process
 
 
-def _count_graph(args) -> None:
+def _count_graph(args: CallbackArgs) -> None:
     global _graphs_compiled
     from torch._dynamo.callback import CallbackTrigger
 
@@ -370,7 +414,9 @@ def _device_for(hardware: str) -> torch.device:
     return xm.xla_device()
 
 
-def make_optimizer(spec: JobSpec, model: torch.nn.Module, device: torch.device, steps_per_epoch: int):
+def make_optimizer(
+    spec: JobSpec, model: torch.nn.Module, device: torch.device, steps_per_epoch: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR | None]:
     """(torch.optim optimizer, LambdaLR scheduler or None) for spec.optimizer.
 
     The scheduler is stepped after every optimizer step, with the factor of
@@ -391,12 +437,19 @@ def make_optimizer(spec: JobSpec, model: torch.nn.Module, device: torch.device, 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _schedule_factor(opt, steps_per_epoch: int, epochs: int, step: int) -> float:
+def _schedule_factor(opt: OptimizerSpec, steps_per_epoch: int, epochs: int, step: int) -> float:
     return learning_rate_at(opt, step, steps_per_epoch, epochs) / opt.learning_rate
 
 
-def _private_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, clip_norm: float,
-                       noise_multiplier: float, world) -> tuple[torch.Tensor, torch.Tensor]:
+def _private_gradients(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    clip_norm: float,
+    noise_multiplier: float,
+    world: OneDevice | Group,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """DP-SGD gradients into each parameter's .grad: per-example gradients (torch.func.vmap of
     torch.func.grad), each clipped to L2 norm clip_norm, summed, plus N(0, (noise_multiplier *
     clip_norm)^2) per coordinate, divided by the batch size. Returns (mean loss, logits) of this
@@ -426,7 +479,7 @@ def _private_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     return losses.mean(), logits
 
 
-def _adam(model: MLP, learning_rate: float, device: torch.device) -> torch.optim.Adam:
+def _adam(model: torch.nn.Module, learning_rate: float, device: torch.device) -> torch.optim.Adam:
     # Fused Adam (one kernel for all parameters) exists for CUDA and CPU, where it is ~15%
     # faster per step than the multi-tensor (foreach) path this MLP would otherwise take.
     if device.type in ("cuda", "cpu"):

@@ -21,13 +21,25 @@ from workers.hardware import detect, pin
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="trainhub worker", description=__doc__.splitlines()[0])
     parser.add_argument("--hardware", choices=list(HARDWARE), default="cpu")
-    parser.add_argument("--devices", type=lambda s: [int(d) for d in s.split(",") if d != ""], default=None,
-                        help="device indices to pin to, e.g. 0,1 (cpu: core numbers)")
-    parser.add_argument("--cpu-devices", type=int, default=1,
-                        help="cpu only: how many devices the worker's cores count as for data parallel jobs "
-                             "(spec devices > 1); at most the cores it owns")
-    parser.add_argument("--frameworks", type=lambda s: [f for f in s.split(",") if f], default=list(FRAMEWORKS),
-                        help="frameworks to serve, e.g. jax,pytorch")
+    parser.add_argument(
+        "--devices",
+        type=lambda s: [int(d) for d in s.split(",") if d != ""],
+        default=None,
+        help="device indices to pin to, e.g. 0,1 (cpu: core numbers)",
+    )
+    parser.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=1,
+        help="cpu only: how many devices the worker's cores count as for data parallel jobs "
+        "(spec devices > 1); at most the cores it owns",
+    )
+    parser.add_argument(
+        "--frameworks",
+        type=lambda s: [f for f in s.split(",") if f],
+        default=list(FRAMEWORKS),
+        help="frameworks to serve, e.g. jax,pytorch",
+    )
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
     unknown = [f for f in args.frameworks if f not in FRAMEWORKS]
@@ -52,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     for framework, why in caps.refused.items():
         print(f"trainhub worker: not serving {args.hardware}.{framework}: {why}", file=sys.stderr)
     if not caps.queues:
-        print(f"trainhub worker: this host cannot serve any of {', '.join(args.frameworks)} on "
-              f"{args.hardware}; nothing to do", file=sys.stderr)
+        print(
+            f"trainhub worker: this host cannot serve any of {', '.join(args.frameworks)} on "
+            f"{args.hardware}; nothing to do",
+            file=sys.stderr,
+        )
         return 2
 
     from app.config import get_settings
@@ -74,15 +89,23 @@ def main(argv: list[str] | None = None) -> int:
     identity, heartbeat = register(caps), None
     try:
         heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile)
-        print(f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}",
-              flush=True)
+        print(
+            f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}", flush=True
+        )
         if stop_when_ready:  # stopped while starting
             return 0
-        celery.worker_main([
-            "worker", "--pool=solo", "--concurrency=1", f"--queues={','.join(caps.queues)}",
-            f"--hostname=trainhub-{args.hardware}@{identity.name}", f"--loglevel={args.loglevel}",
-            "--without-gossip", "--without-mingle",
-        ])
+        celery.worker_main(
+            [
+                "worker",
+                "--pool=solo",
+                "--concurrency=1",
+                f"--queues={','.join(caps.queues)}",
+                f"--hostname=trainhub-{args.hardware}@{identity.name}",
+                f"--loglevel={args.loglevel}",
+                "--without-gossip",
+                "--without-mingle",
+            ]
+        )
     finally:  # a warm shutdown (SIGTERM, SIGINT) has released the job it was running
         if heartbeat is not None:
             heartbeat.stop()
@@ -101,7 +124,7 @@ def stop_once_celery_is_ready() -> list[int]:
         signal.signal(signum, lambda signum, _frame: received.append(signum))
 
     @worker_ready.connect(weak=False)
-    def _stop_if_asked(**_) -> None:
+    def _stop_if_asked(**_: object) -> None:
         if received:
             os.kill(os.getpid(), received[0])
 

@@ -90,13 +90,16 @@ def detect(hardware: str, frameworks: list[str], cpu_devices: int = 1) -> Capabi
 def _check_jax(hardware: str) -> tuple[list[str], str]:
     import jax
 
-    hints = {"gpu": "jax needs its CUDA plugin (pip install 'jax[cuda12]') and an NVIDIA driver (nvidia-smi)",
-             "tpu": "jax needs libtpu (pip install 'jax[tpu]') on a TPU VM"}
+    hints = {
+        "gpu": "jax needs its CUDA plugin (pip install 'jax[cuda12]') and an NVIDIA driver (nvidia-smi)",
+        "tpu": "jax needs libtpu (pip install 'jax[tpu]') on a TPU VM",
+    }
     try:
         devices = jax.devices(hardware)  # raises RuntimeError when the backend is missing
     except RuntimeError as exc:
         raise RuntimeError(
-            f"jax {jax.__version__} has no {hardware} backend ({exc}); {hints.get(hardware, '')}") from exc
+            f"jax {jax.__version__} has no {hardware} backend ({exc}); {hints.get(hardware, '')}"
+        ) from exc
     if not devices:
         raise RuntimeError(f"jax sees no {hardware} device")
     # The trainer runs on the default backend: it must be this hardware, not a CPU fallback.
@@ -113,14 +116,17 @@ def _check_torch(hardware: str, cpu_devices: int = 1) -> tuple[list[str], str]:
     if hardware == "gpu":
         if not torch.cuda.is_available():
             build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
-            raise RuntimeError(f"torch {torch.__version__} ({build}): torch.cuda.is_available() is False "
-                               "(no CUDA device visible, or no NVIDIA driver)")
+            raise RuntimeError(
+                f"torch {torch.__version__} ({build}): torch.cuda.is_available() is False "
+                "(no CUDA device visible, or no NVIDIA driver)"
+            )
         return [f"gpu:{i}" for i in range(torch.cuda.device_count())], torch.__version__
     try:
         import torch_xla  # noqa: F401  PyTorch on TPU needs torch_xla
     except ImportError as exc:
         raise RuntimeError(
-            f"torch {torch.__version__}: PyTorch on TPU needs torch_xla, which is not installed") from exc
+            f"torch {torch.__version__}: PyTorch on TPU needs torch_xla, which is not installed"
+        ) from exc
     import torch_xla.core.xla_model as xm
 
     return [f"tpu:{i}" for i in range(len(xm.get_xla_supported_devices()))], torch.__version__

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import redis
 from sqlalchemy import select
@@ -64,22 +64,30 @@ def requeue_lost_jobs() -> None:
             if job.cancel_requested:
                 lifecycle.cancel_lost(session, job.id, job.attempts)
             elif job.attempts >= settings.max_attempts:
-                if lifecycle.fail_lost(session, job.id, job.attempts, f"the worker was lost {job.attempts} times "
-                                       f"(max_attempts={settings.max_attempts}); last on {name}"):
+                if lifecycle.fail_lost(
+                    session,
+                    job.id,
+                    job.attempts,
+                    f"the worker was lost {job.attempts} times (max_attempts={settings.max_attempts}); last on {name}",
+                ):
                     log.warning("job %s failed: worker lost %d times", job.id, job.attempts)
             elif lifecycle.requeue_lost(session, job.id, job.attempts):
                 log.warning("job %s: worker %s lost; queued again", job.id, name)
 
 
-def _is_lost(job: Job, alive: dict[str, Worker], since) -> bool:
-    worker = alive.get((job.worker or {}).get("name"))
+def _is_lost(job: Job, alive: dict[str, Worker], since: datetime) -> bool:
+    # A job whose worker has no name looks up None and finds no worker; dict.get's stub wants a str.
+    worker = alive.get((job.worker or {}).get("name"))  # type: ignore[arg-type]
     if worker is None:
         # A claim younger than the timeout is not judged: its worker may be one that just woke up
         # (a stopped process, a paused VM) and has not beaten its heartbeat yet.
         return job.started_at is None or aware(job.started_at) < since
     # Alive: lost only if a beat stamped after the claim (same clock) names another job.
-    return (worker.current_job_id != job.id and job.started_at is not None
-            and aware(worker.last_seen) > aware(job.started_at))
+    return (
+        worker.current_job_id != job.id
+        and job.started_at is not None
+        and aware(worker.last_seen) > aware(job.started_at)
+    )
 
 
 def send_unsent_jobs() -> None:
@@ -108,7 +116,8 @@ def resend_lost_messages() -> None:
             queued = session.execute(
                 select(Job.id, Job.hardware, Job.framework, Job.devices)
                 .where(Job.status == JobStatus.QUEUED, Job.enqueued_at < sent_before)
-                .order_by(Job.enqueued_at).limit(SCAN_LIMIT)
+                .order_by(Job.enqueued_at)
+                .limit(SCAN_LIMIT)
             ).all()
         if not queued:
             return

@@ -71,8 +71,9 @@ def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
         return finish(job_id, attempt, JobStatus.FAILED, error={"type": stop.reason, "message": str(stop)})
     except Exception as exc:
         if is_transient(exc):  # the database stayed away past db_retry_s: not the job's fault
-            log.warning("job %s: the database was unavailable for %s s; handing the job back", job_id,
-                        get_settings().db_retry_s)
+            log.warning(
+                "job %s: the database was unavailable for %s s; handing the job back", job_id, get_settings().db_retry_s
+            )
             return release(job_id, attempt)
         return finish(job_id, attempt, JobStatus.FAILED, error=user_error(job_id, exc))
 
@@ -85,8 +86,11 @@ def user_error(job_id: str, exc: Exception) -> dict:
         return {"type": kind, "message": str(exc)}
     reference = uuid.uuid4().hex[:12]
     log.exception("job %s failed: internal error, reference %s", job_id, reference)
-    return {"type": "internal", "message": f"the job stopped on an internal error; the service's operators "
-            f"find its details in the worker's log under reference {reference}"}
+    return {
+        "type": "internal",
+        "message": f"the job stopped on an internal error; the service's operators "
+        f"find its details in the worker's log under reference {reference}",
+    }
 
 
 def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
@@ -101,7 +105,11 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
         **result.timings,
         "total_s": _seconds(claimed_at, utcnow()),
     }
-    worker = {**worker, "backend": result.device.get("backend"), "devices": result.device.get("devices", worker.get("devices"))}
+    worker = {
+        **worker,
+        "backend": result.device.get("backend"),
+        "devices": result.device.get("devices", worker.get("devices")),
+    }
     status = finish(job_id, attempt, JobStatus.SUCCEEDED, timings=timings, result=result.result, worker=worker)
     retrying(lambda: comparisons.settle(job_id))
     return status
@@ -116,6 +124,7 @@ def run_options() -> trainers.RunOptions:
 def read_spec(job_id: str) -> tuple[JobSpec, datetime]:
     with session_scope() as session:
         job = session.get(Job, job_id)
+        assert job is not None  # this worker claimed it, and jobs are never deleted
         return JobSpec.model_validate(job.spec), job.created_at
 
 
@@ -128,8 +137,12 @@ def serves_job(job_id: str, serves: list[str]) -> bool:
         job = session.get(Job, job_id)
         if job is None or job.queue in serves:
             return True  # an unknown id: claim() skips it
-        log.warning("job %s needs %s, which this worker (%s) does not serve; sending it back to its queue",
-                    job_id, job.queue, ", ".join(serves))
+        log.warning(
+            "job %s needs %s, which this worker (%s) does not serve; sending it back to its queue",
+            job_id,
+            job.queue,
+            ", ".join(serves),
+        )
         if job.status == JobStatus.QUEUED:
             jobs.enqueue(session, job)
     return False
@@ -204,8 +217,11 @@ def store_artifacts(job_id: str, workdir: Path, names: list[str]) -> None:
                 continue
             path = workdir / name
             location = store.put(job_id, name, path)  # stored before recorded: a row always has its file
-            session.add(Artifact(job_id=job_id, name=name, size_bytes=path.stat().st_size,
-                                 sha256=sha256_file(path), path=location))
+            session.add(
+                Artifact(
+                    job_id=job_id, name=name, size_bytes=path.stat().st_size, sha256=sha256_file(path), path=location
+                )
+            )
         session.commit()
 
 
@@ -221,11 +237,14 @@ def release(job_id: str, attempt: int) -> str:
     """Put a job this worker stops (on shutdown, or after a database outage) back in its queue
     (lifecycle.release); the next attempt resumes from the last checkpoint. A cancel that came
     meanwhile ends it cancelled."""
+
     def attempt_release() -> JobStatus | None:
         with session_scope() as session:
             status = lifecycle.release(session, job_id, attempt)
             if status == JobStatus.QUEUED:
-                jobs.enqueue(session, session.get(Job, job_id))  # broker away: the reconciler sends it later
+                job = session.get(Job, job_id)
+                assert job is not None  # release just moved its row back to queued
+                jobs.enqueue(session, job)  # broker away: the reconciler sends it later
             return status
 
     status = retrying(attempt_release)
@@ -233,9 +252,10 @@ def release(job_id: str, attempt: int) -> str:
     return status or JobStatus.QUEUED
 
 
-def finish(job_id: str, attempt: int, status: JobStatus, **values) -> str:
+def finish(job_id: str, attempt: int, status: JobStatus, **values: object) -> str:
     """End this attempt of the job with `status`, unless the job has moved on without it. A value
     that cannot be stored (not strict JSON) fails the job as internal rather than leaving it running."""
+
     def attempt_finish() -> bool:
         with session_scope() as session:
             return lifecycle.finish(session, job_id, attempt, status, **values)

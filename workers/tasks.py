@@ -22,6 +22,6 @@ def run_job(job_id: str) -> str:
 
 
 @worker_shutting_down.connect
-def _stop_running_job(**_kwargs) -> None:
+def _stop_running_job(**_kwargs: object) -> None:
     """SIGTERM or Ctrl-C: let the running job stop at its next chunk and go back to the queue."""
     runner.shutting_down.set()

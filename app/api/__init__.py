@@ -6,8 +6,9 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 
-def json_response(content: BaseModel | list[BaseModel], status_code: int = 200,
-                  headers: dict[str, str] | None = None) -> Response:
+def json_response(
+    content: BaseModel | list[BaseModel], status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
     """`content` (a model, or a list of them) as JSON, sent as it is. Every route of a resource
     answers this way, for two reasons. A model returned plainly is validated again against the
     route's response_model, and for a sync route in one more thread-pool hop, while the request's

@@ -24,8 +24,12 @@ _UNSAFE_IN_FILENAME = re.compile(r"[^A-Za-z0-9._-]")
 def is_plain_name(name: str) -> bool:
     """A name that could be an artifact's: no path separators (raw or decoded from %2F), no
     NUL or other control characters, not `.` or `..`. Anything else is 404 before any lookup."""
-    return (0 < len(name) <= 200 and name not in (".", "..") and not any(c in name for c in "/\\\x00")
-            and name.isprintable())
+    return (
+        0 < len(name) <= 200
+        and name not in (".", "..")
+        and not any(c in name for c in "/\\\x00")
+        and name.isprintable()
+    )
 
 
 def content_disposition(name: str) -> str:
@@ -43,16 +47,21 @@ def list_artifacts(job_id: str, request: Request, session: SessionDep, user: Cur
     """The job's files with their size in bytes, sha256 and download URL."""
     job = owned_job(session, user, job_id)
     base = str(request.base_url).rstrip("/")
-    return json_response([ArtifactInfo(**rendering.artifact(a, f"{base}/jobs/{job.id}/artifacts/{a.name}"))
-                          for a in job.artifacts])
+    return json_response(
+        [ArtifactInfo(**rendering.artifact(a, f"{base}/jobs/{job.id}/artifacts/{a.name}")) for a in job.artifacts]
+    )
 
 
 @router.head("/{name}", response_class=FileResponse, include_in_schema=False)  # one operation id: GET's
-@router.get("/{name}", response_class=FileResponse, responses={
-    200: {"content": {"application/octet-stream": {}}, "description": "The file."},
-    206: {"content": {"application/octet-stream": {}}, "description": "The byte range asked for."},
-    416: {"description": "The byte range lies outside the file."},
-})
+@router.get(
+    "/{name}",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The file."},
+        206: {"content": {"application/octet-stream": {}}, "description": "The byte range asked for."},
+        416: {"description": "The byte range lies outside the file."},
+    },
+)
 def download_artifact(job_id: str, name: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
     """The file itself, from where the worker stored it (the artifact dir or an S3 bucket).
     Only names the job recorded are served; a name never becomes a path. A single
@@ -74,8 +83,9 @@ def download_artifact(job_id: str, name: str, request: Request, session: Session
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the artifact store is unavailable: {exc}") from None
 
 
-def _file_response(store: storage.LocalStore | storage.S3Store, location: str, filename: str,
-                   request: Request) -> Response:
+def _file_response(
+    store: storage.LocalStore | storage.S3Store, location: str, filename: str, request: Request
+) -> Response:
     """The artifact, or the one byte range its `Range` header asks for (storage.parse_range), the
     same way whichever store holds it: 200 whole, 206 with Content-Range, 416 when unsatisfiable."""
     size = store.size(location)
@@ -83,8 +93,10 @@ def _file_response(store: storage.LocalStore | storage.S3Store, location: str, f
     try:
         byte_range = storage.parse_range(request.headers.get("range"), size)
     except storage.Unsatisfiable:
-        return Response(status_code=status.HTTP_416_RANGE_NOT_SATISFIABLE,
-                        headers={"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"})
+        return Response(
+            status_code=status.HTTP_416_RANGE_NOT_SATISFIABLE,
+            headers={"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"},
+        )
     if byte_range is None:
         status_code, length = status.HTTP_200_OK, size
     else:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from app import comparisons as service
-from app import limits, rendering
+from app import jobs, limits, rendering
 from app.api import json_response
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
@@ -20,7 +20,7 @@ router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=respon
 def owned_comparison(session: SessionDep, user: CurrentUser, comparison_id: str) -> ComparisonRow:
     comparison = service.get_comparison(session, user, comparison_id)
     if comparison is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"comparison {comparison_id} not found")
+        raise HTTPException(status.HTTP_404_NOT_FOUND, jobs.not_found_message("comparison", comparison_id))
     return comparison
 
 
@@ -34,15 +34,19 @@ def create_comparison(spec: ComparisonSpec, request: Request, session: SessionDe
     from the same initial weights and with the same batch order. The two jobs count as two
     against the key's limits (429 when over one); the spec meets this server's limits as in
     `POST /jobs`."""
-    spec = limits.apply_limits(spec)
+    spec = cast(ComparisonSpec, limits.apply_limits(spec))
     comparison = service.create_comparison(session, user, spec)
-    return json_response(render(session, comparison, request), status.HTTP_201_CREATED,
-                         headers={"Location": f"/comparisons/{comparison.id}"})
+    return json_response(
+        render(session, comparison, request),
+        status.HTTP_201_CREATED,
+        headers={"Location": f"/comparisons/{comparison.id}"},
+    )
 
 
 @router.get("", response_model=list[Comparison])
-def list_comparisons(request: Request, session: SessionDep, user: CurrentUser,
-                     limit: Annotated[int, Query(ge=1, le=100)] = 20) -> Response:
+def list_comparisons(
+    request: Request, session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=100)] = 20
+) -> Response:
     """The caller's comparisons, newest first."""
     return json_response([render(session, c, request) for c in service.list_comparisons(session, user, limit)])
 

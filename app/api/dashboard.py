@@ -27,7 +27,7 @@ static_files = StaticFiles(directory=DASHBOARD_DIR / "static")
 # Scripts and styles come only from this server; nothing inline, nothing from elsewhere.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; "
-                               "base-uri 'none'; frame-ancestors 'none'",
+    "base-uri 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
@@ -38,7 +38,7 @@ router = APIRouter(include_in_schema=False)
 Id = Annotated[str, PathParam(max_length=100)]
 
 
-def page(request: Request, template: str, **context) -> HTMLResponse:
+def page(request: Request, template: str, **context: object) -> HTMLResponse:
     return templates.TemplateResponse(request, template, context, headers=SECURITY_HEADERS)
 
 
@@ -47,7 +47,9 @@ Filter = Annotated[str | None, Query(max_length=20)]
 
 
 @router.get("/", response_class=HTMLResponse)
-def jobs_page(request: Request, status: Filter = None, framework: Filter = None, hardware: Filter = None) -> HTMLResponse:
+def jobs_page(
+    request: Request, status: Filter = None, framework: Filter = None, hardware: Filter = None
+) -> HTMLResponse:
     """The job list, its filters set from the query string (a value it does not know is ignored)."""
     given = {"status": status, "framework": framework, "hardware": hardware}
     filters = {name: value if value in CHOICES[name] else "" for name, value in given.items()}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, status
@@ -38,7 +38,7 @@ def _key_is_live(key_id: str) -> bool:
         return key is not None and key.revoked_at is None
 
 
-async def _while_key_is_live(stream: AsyncIterator[str], key_id: str) -> AsyncIterator[str]:
+async def _while_key_is_live(stream: AsyncGenerator[str, None], key_id: str) -> AsyncIterator[str]:
     checked = time.monotonic()
     try:
         async for chunk in stream:
@@ -54,9 +54,13 @@ async def _while_key_is_live(stream: AsyncIterator[str], key_id: str) -> AsyncIt
 @router.get(
     "/{job_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}},
-                     "description": "`status`, `metrics` and `waiting` events until the job ends."},
-               **responses(401, 404, 503)},
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "`status`, `metrics` and `waiting` events until the job ends.",
+        },
+        **responses(401, 404, 503),
+    },
 )
 async def job_events(
     job_id: str,
@@ -75,7 +79,7 @@ async def job_events(
     cannot send one, so the dashboard reads this stream with `fetch`."""
     full_id = await run_in_threadpool(_owned_id, user, job_id)  # the id itself, also for a short one
     if full_id is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
+        raise HTTPException(status.HTTP_404_NOT_FOUND, service.not_found_message("job", job_id))
     return StreamingResponse(
         _while_key_is_live(events.stream(full_id, events.parse_last_event_id(last_event_id)), user.id),
         media_type="text/event-stream",

@@ -28,8 +28,11 @@ def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=Readiness,
-            responses={503: {"model": Readiness, "description": "The database or the broker is unreachable."}})
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "The database or the broker is unreachable."}},
+)
 def readyz() -> JSONResponse:
     """200 when the database and the broker are reachable, 503 naming what is not."""
     checks = {"database": _check_database(), "broker": _check_broker()}

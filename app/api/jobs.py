@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 
@@ -21,7 +21,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], responses=responses(401, 404, 
 def owned_job(session: SessionDep, user: CurrentUser, job_id: str) -> JobRow:
     job = service.get_job(session, user, job_id)
     if job is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id} not found")
+        raise HTTPException(status.HTTP_404_NOT_FOUND, service.not_found_message("job", job_id))
     return job
 
 
@@ -42,16 +42,19 @@ def create_job(
     than the schema's: a spec above one is 422 naming it. A spec without max_runtime_s gets the
     server's limit. A key with too many jobs queued, or created in the last minute, gets 429
     (with Retry-After for the latter)."""
-    spec = limits.apply_limits(spec)
+    spec = cast(JobSpec, limits.apply_limits(spec))
     try:
         job, position = service.create_job(session, user, spec, idempotency_key)
     except service.IdempotencyConflict:
         raise HTTPException(
             status.HTTP_409_CONFLICT,
             "Idempotency-Key was already used with a different job spec; use a new key for a new job",
-        )
-    return json_response(rendering.job(session, job, str(request.base_url), position=position),
-                         status.HTTP_201_CREATED, headers={"Location": f"/jobs/{job.id}"})
+        ) from None
+    return json_response(
+        rendering.job(session, job, str(request.base_url), position=position),
+        status.HTTP_201_CREATED,
+        headers={"Location": f"/jobs/{job.id}"},
+    )
 
 
 @router.get("", response_model=JobPage)
@@ -71,13 +74,15 @@ def list_jobs(
             session, user, status=status_, framework=framework, hardware=hardware, limit=limit, cursor=cursor
         )
     except ValueError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [
-            {"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}
-        ])
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            [{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}],
+        ) from None
     served = service.online_queues(session)
     base_url = str(request.base_url)
-    return json_response(JobPage(items=[rendering.job(session, j, base_url, served) for j in page],
-                                 next_cursor=next_cursor))
+    return json_response(
+        JobPage(items=[rendering.job(session, j, base_url, served) for j in page], next_cursor=next_cursor)
+    )
 
 
 @router.get("/{job_id}", response_model=Job)
@@ -94,7 +99,9 @@ def cancel_job(job_id: str, request: Request, session: SessionDep, user: Current
     try:
         job = service.cancel_job(session, job)
     except service.CannotCancel as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} already {exc}; only queued or running jobs can be cancelled")
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"job {job_id} already {exc}; only queued or running jobs can be cancelled"
+        ) from None
     return json_response(rendering.job(session, job, str(request.base_url)), status.HTTP_202_ACCEPTED)
 
 

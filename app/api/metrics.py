@@ -12,8 +12,9 @@ from app.errors import responses
 router = APIRouter(tags=["health"])
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **responses(401, 503)})
+@router.get(
+    "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **responses(401, 503)}
+)
 def prometheus_metrics(_user: CurrentUser) -> Response:
     """Prometheus text format: jobs by status, queue depth by queue, workers online, job and
     epoch durations as histograms. Like every API route it takes an API key (Prometheus:

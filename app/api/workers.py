@@ -26,24 +26,44 @@ def list_workers(session: SessionDep, user: CurrentUser) -> Response:
     workers = heartbeats.recent_workers(session)
     # A heartbeat is up to heartbeat_s old: a job it names counts only while its row says running.
     current = {w.current_job_id for w in workers if w.current_job_id}
-    running = dict(session.execute(
-        select(Job.id, Job.owner_id).where(Job.id.in_(current), Job.status == JobStatus.RUNNING)).all()) if current else {}
+    running = (
+        dict(
+            session.execute(
+                select(Job.id, Job.owner_id).where(Job.id.in_(current), Job.status == JobStatus.RUNNING)
+            ).all()
+        )
+        if current
+        else {}
+    )
     online = [w for w in workers if heartbeats.is_online(w, since)]
     depths = heartbeats.queue_depths(session)
     serving = heartbeats.workers_per_queue(online)
     items = [
         Worker(
-            name=w.name, hostname=w.hostname, hardware=w.hardware, online=w in online, broker_connected=w.broker_ok,
-            queues=w.queues, devices=w.devices, versions=w.versions, busy=w in online and w.current_job_id in running,
-            current_job_id=w.current_job_id if w.current_job_id in running and (
-                user.is_admin or running[w.current_job_id] == user.id) else None,
-            started_at=w.started_at, last_seen=w.last_seen,
+            name=w.name,
+            hostname=w.hostname,
+            hardware=w.hardware,
+            online=w in online,
+            broker_connected=w.broker_ok,
+            queues=w.queues,
+            devices=w.devices,
+            versions=w.versions,
+            busy=w in online and w.current_job_id in running,
+            current_job_id=w.current_job_id
+            if w.current_job_id in running and (user.is_admin or running[w.current_job_id] == user.id)
+            else None,
+            started_at=w.started_at,
+            last_seen=w.last_seen,
         )
         for w in workers
     ]
     items.sort(key=lambda w: not w.online)  # stable: online first, each group most recent first
-    return json_response(WorkerList(
-        workers=items,
-        queues=[QueueDepth(name=q, depth=depths.get(q, 0), workers_online=serving.get(q, 0))
-                for q in sorted(set(depths) | set(serving))],
-    ))
+    return json_response(
+        WorkerList(
+            workers=items,
+            queues=[
+                QueueDepth(name=q, depth=depths.get(q, 0), workers_online=serving.get(q, 0))
+                for q in sorted(set(depths) | set(serving))
+            ],
+        )
+    )

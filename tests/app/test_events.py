@@ -102,6 +102,21 @@ def test_stream_of_a_finished_job_over_http_ends_and_resumes(api, auth, rows):
     assert read_stream(api, job["id"][:8], auth) == events  # the short id the CLI shows: `trainhub watch`
 
 
+def test_a_last_event_id_of_any_size_is_clamped_before_any_query(api, auth, rows):
+    """Issue 16, item 4: 2147483649 overflowed PostgreSQL's integer mid-stream (a traceback)."""
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    rows.start(job["id"])
+    rows.epoch(job["id"], 1)
+    rows.finish(job["id"], result={"test_accuracy": 0.9, "test_loss": 0.3})
+    whole = read_stream(api, job["id"], auth)
+    for header in ("2147483649", "9" * 40, "-2147483649", "1e9", " 3 "):
+        events = read_stream(api, job["id"], {**auth, "Last-Event-ID": header})
+        after_3 = [e for e in whole if int(e[0]) > 3]
+        assert events in ([], whole, after_3), header  # past the end, replayed, or after 3
+    assert parse_last_event_id("99999999999") == final_id(1000)  # MAX_EPOCHS
+    assert parse_last_event_id("-5") == -1
+
+
 def test_stream_of_a_cancelled_queued_job(api, auth):
     job = api.post("/jobs", json=DIGITS, headers=auth).json()
     api.post(f"/jobs/{job['id']}/cancel", headers=auth)

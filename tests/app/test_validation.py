@@ -234,3 +234,38 @@ def test_a_cross_field_check_points_at_the_field_to_change(api, auth, spec, loc)
     assert response.status_code == 422, response.text
     [error] = response.json()["detail"]
     assert error["loc"] == loc, error
+
+
+# Issue 16, item 13: every error names the fix.
+
+def test_an_unknown_field_names_the_nearest_one(api, auth):
+    response = api.post("/jobs", json={"framework": "jax", "epoch": 3, "model": {"hiden_sizes": [8]}}, headers=auth)
+    assert response.status_code == 422
+    messages = {tuple(e["loc"]): e["msg"] for e in response.json()["detail"]}
+    assert "did you mean 'epochs'?" in messages[("body", "epoch")]
+    assert "did you mean 'hidden_sizes'?" in messages[("body", "model", "hiden_sizes")]
+    far = api.post("/jobs", json={"framework": "jax", "zzz": 1}, headers=auth).json()["detail"][0]["msg"]
+    assert "the fields here are" in far and "batch_size" in far
+
+
+def test_a_string_where_an_object_belongs_shows_the_object(api, auth):
+    response = api.post("/jobs", json={"framework": "jax", "dataset": "digits"}, headers=auth)
+    assert response.status_code == 422
+    assert """write {"name": "digits"}""" in response.json()["detail"][0]["msg"]
+
+
+def test_a_key_without_its_scheme_is_told_to_add_bearer(api, make_key):
+    key = make_key("nobearer")
+    response = api.get("/jobs", headers={"Authorization": key})
+    assert response.status_code == 401
+    assert "without 'Bearer ' before it" in response.json()["detail"] and key not in response.json()["detail"]
+    other = api.get("/jobs", headers={"Authorization": f"Token {key}"}).json()["detail"]
+    assert "must be Bearer, not 'Token'" in other and key not in other  # the secret is never echoed
+
+
+def test_a_wrong_path_and_a_short_id_say_what_to_do(api, auth):
+    response = api.get("/job/123", headers=auth)
+    assert response.status_code == 404 and "/docs" in response.json()["detail"]
+    short = api.get("/jobs/ab12", headers=auth)
+    assert short.status_code == 404 and "first 8 characters" in short.json()["detail"]
+    assert "first 8" not in api.get("/jobs/ab12ab12", headers=auth).json()["detail"]

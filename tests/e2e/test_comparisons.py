@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from datetime import datetime
@@ -42,6 +43,15 @@ def test_cli_compare_prints_the_side_by_side_table(service):
     assert done.returncode == 0, done.stderr
     for label in ("PyTorch", "JAX / PyTorch", "steady_epoch_s", "test_accuracy", "both frameworks trained the same"):
         assert label in done.stdout, done.stdout
+    # `trainhub comparisons` lists it, newest first, with its parity check.
+    listed = subprocess.run([sys.executable, "-m", "app.cli", "comparisons", "--json"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    [comparison] = json.loads(listed.stdout)
+    assert comparison["status"] == "succeeded" and comparison["parity"]["passed"]
+    table = subprocess.run([sys.executable, "-m", "app.cli", "comparisons"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert comparison["id"][:8] in table.stdout and "passed" in table.stdout
 
 
 def test_cli_export_writes_the_other_frameworks_format(service, tmp_path):

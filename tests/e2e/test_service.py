@@ -173,6 +173,13 @@ def test_cli_submit_wait_status_and_download(service, tmp_path):
     spec_file.write_text(json.dumps({"framework": "pytorch", "dataset": {"name": "digits"}, "epochs": 1}))
     from_file = run_cli(service, "submit", "--spec", str(spec_file), "--json", key=key)
     assert json.loads(from_file.stdout)["spec"]["framework"] == "pytorch", from_file.stderr
+    # `trainhub list` shows the key's jobs with the API's filters, as a table or as the JobPage.
+    listed = json.loads(run_cli(service, "list", "--status", "succeeded", "--json", key=key).stdout)
+    assert job_id in [job["id"] for job in listed["items"]]
+    assert all(job["status"] == "succeeded" for job in listed["items"])
+    table = run_cli(service, "list", "--framework", "pytorch", key=key)
+    assert table.returncode == 0 and job_id[:8] in table.stdout, table.stderr
+    assert run_cli(service, "list", "--status", "bogus", key=key).returncode == 2  # typer names the choices
     downloaded = run_cli(service, "download", job_id, "-o", str(tmp_path), key=key)
     assert downloaded.returncode == 0, downloaded.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "spec.json", "state_dict.pt",

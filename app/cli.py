@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from app.client import FINISHED, ApiError, TrainhubClient
+from app.client import FINISHED, ApiError, Event, TrainhubClient
 from app.config import Settings, get_settings
 from app.status import JobStatus
 
@@ -79,6 +80,7 @@ def up(
             flush=True,
         )
         print(f"export TRAINHUB_API_URL={running.url}  # for the CLI in another shell", flush=True)
+        print(f"export TRAINHUB_API_KEY={secret}  # for the CLI in another shell", flush=True)
         print(f"API key: {secret}", flush=True)
         while not stopped.wait(0.5):
             try:
@@ -163,20 +165,52 @@ def worker(
 # --- keys ------------------------------------------------------------------------------------
 
 
+@keys_cli.callback()
+def keys_options(
+    var_dir: Annotated[
+        Optional[Path], typer.Option(help="the var dir of the stack the keys are for (as `trainhub up --var-dir`)")
+    ] = None,
+) -> None:
+    """Keys live in the database of TRAINHUB_DATABASE_URL, else of the var dir (--var-dir,
+    TRAINHUB_VAR_DIR, ./var), where `trainhub up` keeps it."""
+    if var_dir is not None:
+        os.environ["TRAINHUB_VAR_DIR"] = str(var_dir.resolve())
+        get_settings.cache_clear()
+
+
+def open_database(init: bool = False) -> None:
+    """Migrate the database the keys commands use. An embedded (SQLite) one that does not exist
+    yet is created only with `init`: a key made in a new, empty database from the wrong folder
+    would be refused by the running stack (401) with no hint why."""
+    from app.db import migrate
+
+    settings = get_settings()
+    url = settings.resolved_database_url()
+    if url.startswith("sqlite") and not init:
+        path = Path(url.split("///", 1)[-1])
+        if not path.is_file():
+            fail(
+                f"no trainhub database at {path}: run this where `trainhub up` runs, or pass --var-dir DIR "
+                "(or set TRAINHUB_VAR_DIR or TRAINHUB_DATABASE_URL) to name its database; --init creates a new one"
+            )
+    migrate()
+
+
 @keys_cli.command("create")
 def keys_create(
     name: Annotated[str, typer.Option(help="who or what the key is for")],
     admin: Annotated[bool, typer.Option("--admin", help="sees every job and worker, not only its own")] = False,
+    init: Annotated[bool, typer.Option("--init", help="create the embedded database if there is none yet")] = False,
 ) -> None:
     """Create an API key; the secret is printed once, on the last line of stdout (only its
     sha256 is stored)."""
-    from app.db import migrate, session_scope
+    from app.db import session_scope
     from app.keys import create_key
 
     name = name.strip()
     if not name or len(name) > 200 or not name.isprintable():
         fail("--name must be 1 to 200 printable characters")
-    migrate()
+    open_database(init)
     with session_scope() as session:
         key, secret = create_key(session, name, admin=admin)
     kind = "admin key" if admin else "key"
@@ -189,10 +223,11 @@ def keys_create(
 @keys_cli.command("list")
 def keys_list(as_json: Annotated[bool, typer.Option("--json", help="print the keys as JSON")] = False) -> None:
     """Every key: id, prefix, name, admin, created and revoked times (never a secret or hash)."""
-    from app.db import migrate, session_scope
+    from app.db import session_scope
     from app.keys import list_keys
+    from app.models import rfc3339
 
-    migrate()
+    open_database()
     with session_scope() as session:
         rows = [
             {
@@ -200,8 +235,8 @@ def keys_list(as_json: Annotated[bool, typer.Option("--json", help="print the ke
                 "prefix": k.prefix,
                 "name": k.name,
                 "admin": k.is_admin,
-                "created_at": k.created_at.isoformat(),
-                "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+                "created_at": rfc3339(k.created_at),
+                "revoked_at": rfc3339(k.revoked_at) if k.revoked_at else None,
             }
             for k in list_keys(session)
         ]
@@ -227,10 +262,11 @@ def keys_list(as_json: Annotated[bool, typer.Option("--json", help="print the ke
 def keys_revoke(key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")]) -> None:
     """Revoke a key: every request with it is refused (401) from now on, including its
     event streams' reconnects. Its jobs are kept."""
-    from app.db import migrate, session_scope
+    from app.db import session_scope
     from app.keys import AmbiguousKey, revoke_key
+    from app.models import rfc3339
 
-    migrate()
+    open_database()
     with session_scope() as session:
         try:
             revoked = revoke_key(session, key.removesuffix("…"))
@@ -239,7 +275,7 @@ def keys_revoke(key: Annotated[str, typer.Argument(help="the key's id or prefix,
         if revoked is None or revoked.revoked_at is None:
             fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
         console.print(
-            f"revoked key {revoked.prefix}… named {escape(repr(revoked.name))} at {revoked.revoked_at.isoformat()}"
+            f"revoked key {revoked.prefix}… named {escape(repr(revoked.name))} at {rfc3339(revoked.revoked_at)}"
         )
 
 
@@ -317,6 +353,9 @@ def submit(
         Optional[Path], typer.Option("--spec", help="a JobSpec JSON file; options given with it override its fields")
     ] = None,
     wait: Annotated[bool, typer.Option(help="show progress and end with the result")] = False,
+    timeout: Annotated[
+        Optional[float], typer.Option(min=0, help="with --wait: stop watching after this many seconds (exit 124)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the Job as JSON")] = False,
 ) -> None:
     """Submit a job; prints its id (or the Job as JSON)."""
@@ -339,7 +378,7 @@ def submit(
     with client_from_settings() as client:
         job = call(client.submit, spec)
         if wait:
-            job = follow(client, job["id"])
+            job = follow(client, job["id"], timeout)
     if as_json:
         print(json.dumps(job, indent=2))
     else:
@@ -405,12 +444,19 @@ def parse_sizes(hidden_sizes: str) -> list[int]:
         ) from None
 
 
-def follow(client: TrainhubClient, job_id: str) -> dict:
+class WatchTimeout(Exception):
+    """`--timeout` seconds passed while watching."""
+
+
+def follow(client: TrainhubClient, job_id: str, timeout_s: float | None = None) -> dict:
     """A progress bar fed by the job's event stream (epoch k of n, loss, test accuracy, ETA)
-    until the job ends; the final Job. Ctrl-C stops watching, not the job."""
+    until the job ends; the final Job. A queued job says at once why it waits. Ctrl-C, or
+    `timeout_s` seconds, stop watching, not the job (exit 130, 124)."""
     from rich.progress import BarColumn, Progress, TextColumn
 
     job = call(client.get, job_id)
+    if job["waiting_reason"] and job["waiting_reason"].startswith("no online worker"):
+        console.print(f"[yellow]job {job_id[:8]} waits: {escape(job['waiting_reason'])}[/yellow]")
     epochs = job["progress"]["epochs"]
     epoch_s: list[float] = []
     columns = (
@@ -420,7 +466,7 @@ def follow(client: TrainhubClient, job_id: str) -> dict:
         TextColumn("{task.fields[info]}"),
     )
     try:
-        with Progress(*columns, console=console) as progress, friendly_errors():
+        with Progress(*columns, console=console) as progress, friendly_errors(), deadline(timeout_s):
             task = progress.add_task(
                 f"{job['spec']['framework']} {job_id[:8]}",
                 total=epochs,
@@ -428,29 +474,55 @@ def follow(client: TrainhubClient, job_id: str) -> dict:
                 info=job["waiting_reason"] or job["status"],
             )
             for event in client.events(job_id):
+                progress.update(task, info=progress_info(event, epoch_s, epochs))
                 if event.event == "metrics":
-                    metrics = event.data
-                    epoch_s.append(metrics["epoch_time_s"] + metrics["eval_time_s"])
-                    eta = eta_s(epoch_s, epochs - metrics["epoch"])
-                    info = (
-                        f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}"
-                        f"  ETA {_clock(eta)}"
-                    )
-                    progress.update(task, completed=metrics["epoch"], info=info)
-                elif event.event == "waiting" and event.data["waiting_reason"]:
-                    progress.update(task, info=f"waiting: {event.data['waiting_reason']}")
-                elif event.event == "status" and not epoch_s:
-                    progress.update(
-                        task,
-                        info=event.data["status"]
-                        + (f": {event.data['waiting_reason']}" if event.data.get("waiting_reason") else ""),
-                    )
+                    progress.update(task, completed=event.data["epoch"])
     except KeyboardInterrupt:
         console.print(f"stopped watching; job {job_id} goes on (`trainhub watch {job_id}` to follow it again)")
         raise typer.Exit(130) from None
+    except WatchTimeout:
+        job = call(client.get, job_id)
+        console.print(
+            f"still {job['status']} after {timeout_s:g} s; job {job_id} goes on "
+            f"(`trainhub watch {job_id}` to follow it again)"
+        )
+        raise typer.Exit(124) from None
     job = call(client.get, job_id)
     print_result(job)
     return job
+
+
+def progress_info(event: Event, epoch_s: list[float], epochs: int) -> str:
+    """The progress bar's text after `event`: an epoch's loss, accuracy and ETA; why a queued
+    job waits; or the status (a final one replaces the ETA, which no longer means anything)."""
+    if event.event == "metrics":
+        metrics = event.data
+        epoch_s.append(metrics["epoch_time_s"] + metrics["eval_time_s"])
+        eta = eta_s(epoch_s, epochs - metrics["epoch"])
+        return f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}  ETA {_clock(eta)}"
+    if event.event == "waiting" and event.data["waiting_reason"]:
+        return f"waiting: {event.data['waiting_reason']}"
+    waiting = event.data.get("waiting_reason")
+    return event.data.get("status", "") + (f": {waiting}" if waiting else "")
+
+
+@contextmanager
+def deadline(seconds: float | None) -> Iterator[None]:
+    """Raise WatchTimeout in this (main) thread after `seconds`, even during a blocking read."""
+    if not seconds:
+        yield
+        return
+
+    def expire(_signum: int, _frame: object) -> None:
+        raise WatchTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def eta_s(epoch_s: list[float], remaining: int) -> float:
@@ -531,12 +603,16 @@ def cancel(
 
 @cli.command()
 def watch(
-    job_id: str, as_json: Annotated[bool, typer.Option("--json", help="print the final Job as JSON")] = False
+    job_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="print the final Job as JSON")] = False,
+    timeout: Annotated[
+        Optional[float], typer.Option(min=0, help="stop watching after this many seconds (exit 124)")
+    ] = None,
 ) -> None:
     """Follow a job with a progress bar (epoch k of n, loss, accuracy, ETA) until it ends;
     exits 0 only when it succeeded."""
     with client_from_settings() as client:
-        job = follow(client, job_id)
+        job = follow(client, job_id, timeout)
     if as_json:
         print(json.dumps(job, indent=2))
     if job["status"] != JobStatus.SUCCEEDED:
@@ -791,11 +867,14 @@ def export(
     (state_dict.pt for pytorch, params.msgpack for jax)."""
     if to not in ("pytorch", "jax"):
         fail(f"--to must be pytorch or jax, not {to!r}")
-    with client_from_settings() as client:
-        weights = call(client.download, job_id, "weights.safetensors", output)
+    import tempfile
+
     from trainers.export import export as export_weights  # imports the framework; client side only
 
-    print(export_weights(weights, to, output))
+    # The downloaded weights are a means, not a result: only the exported file is left in `output`.
+    with client_from_settings() as client, tempfile.TemporaryDirectory(prefix="trainhub-export-") as scratch:
+        weights = call(client.download, job_id, "weights.safetensors", Path(scratch))
+        print(export_weights(weights, to, output))
 
 
 @cli.command()

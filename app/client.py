@@ -225,6 +225,22 @@ class TrainhubClient:
     def artifacts(self, job_id: str) -> builtins.list[dict]:
         return self._request("GET", f"/jobs/{_segment(job_id)}/artifacts")
 
+    def download_all(
+        self, job_id: str, dest_dir: Path, on_progress: Callable[[str, int, int], None] | None = None
+    ) -> builtins.list[Path]:
+        """Save every artifact of the job into `dest_dir` (each sha256-checked, as `download`);
+        `on_progress(name, bytes_so_far, total_bytes)`. Returns the files, in the listing's order."""
+        files = []
+        for artifact in self.artifacts(job_id):
+            name: str = artifact["name"]
+
+            def progress(done: int, total: int, name: str = name) -> None:
+                if on_progress is not None:
+                    on_progress(name, done, total)
+
+            files.append(self.download(job_id, name, dest_dir, on_progress=progress))
+        return files
+
     def download(
         self,
         job_id: str,

@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import jobs, rendering
 from app.db import session_scope
-from app.models import EpochMetric, Job, aware
+from app.models import EpochMetric, Job, rfc3339
 from app.schemas import FINISHED
 from app.status import JobStatus
 from trainers.spec import MAX_EPOCHS
@@ -263,7 +263,7 @@ async def stream(job_id: str, last_id: int) -> AsyncGenerator[str, None]:
 def _iso(value: datetime | None) -> str | None:
     if value is None:
         return None
-    return aware(value).isoformat()
+    return rfc3339(value)
 
 
 def _finite(value):

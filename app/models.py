@@ -37,6 +37,11 @@ def aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def rfc3339(moment: datetime) -> str:
+    """`moment` in UTC, RFC 3339 with a `Z`: the one spelling of a time in every answer, event and file."""
+    return aware(moment).astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def new_id() -> str:
     return str(uuid.uuid4())
 

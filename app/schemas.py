@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PlainSerializer
 
 from app.lifecycle import FINISHED, JobStatus
+from app.models import rfc3339
 from trainers.spec import ComparisonSpec, Framework, JobSpec
+
+# Every time in an answer: UTC, RFC 3339 with a Z (a naive database value is UTC too).
+Timestamp = Annotated[datetime, PlainSerializer(rfc3339, return_type=str)]
 
 __all__ = [
     "ComparisonSpec",
@@ -59,9 +64,9 @@ class Job(BaseModel):
     id: str
     status: JobStatus
     spec: JobSpec
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
     waiting_reason: str | None
     queue_position: int | None = Field(
         None,
@@ -107,7 +112,7 @@ class Comparison(BaseModel):
     id: str
     status: JobStatus
     spec: ComparisonSpec
-    created_at: datetime
+    created_at: Timestamp
     jobs: dict[str, Job]
     table: list[ComparisonRow] | None
     parity: dict | None
@@ -136,8 +141,8 @@ class Worker(BaseModel):
     versions: dict[str, str]
     busy: bool
     current_job_id: str | None
-    started_at: datetime
-    last_seen: datetime
+    started_at: Timestamp
+    last_seen: Timestamp
 
 
 class QueueDepth(BaseModel):

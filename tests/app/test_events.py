@@ -48,7 +48,7 @@ def test_a_job_cancelled_while_queued_never_ran():
 
 def test_a_queued_job_is_only_queued_and_a_failed_one_says_why():
     queued = events_after(state("queued", started=False), [], -1)
-    assert [e.data for e in queued] == [{"status": "queued", "at": T0.isoformat(), "progress": {"epoch": 0, "epochs": 3}}]
+    assert [e.data for e in queued] == [{"status": "queued", "at": "2026-01-01T00:00:00Z", "progress": {"epoch": 0, "epochs": 3}}]
     failed = events_after(state("failed", epoch=1), [metric(1)], last_id=2)
     assert [(e.id, e.data["status"], e.data["error"]["type"]) for e in failed] == [(5, "failed", "boom")]
 

@@ -162,3 +162,23 @@ def test_a_job_is_found_by_the_short_id_the_cli_shows_when_only_one_matches(api,
     assert api.get(f"/jobs/{prefix}", headers=auth).status_code == 404
     assert api.get(f"/jobs/{new_ids[0][:-1]}", headers=auth).status_code == 404
     assert api.get(f"/jobs/{new_ids[1]}", headers=auth).json()["id"] == new_ids[1]
+
+
+def test_every_time_is_utc_rfc_3339_with_a_z(api, auth, rows):
+    """Issue 16, item 10: one spelling of a time in every answer and event."""
+    import re
+
+    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+    created = api.post("/jobs", json={"framework": "jax", "dataset": {"name": "digits"}, "epochs": 1}, headers=auth)
+    job_id = created.json()["id"]
+    rows.start(job_id)
+    rows.finish(job_id)
+    answers = [created.json(), api.get(f"/jobs/{job_id}", headers=auth).json(),
+               api.get("/jobs", headers=auth).json()["items"][0]]
+    for job in answers:
+        for field in ("created_at", "started_at", "finished_at"):
+            assert job[field] is None or stamp.fullmatch(job[field]), (field, job[field])
+    assert answers[1]["started_at"] and answers[1]["finished_at"]
+    stream = api.get(f"/jobs/{job_id}/events", headers=auth).text
+    ats = re.findall(r'"at": ?"([^"]+)"', stream)
+    assert ats and all(stamp.fullmatch(at) for at in ats)

@@ -67,3 +67,4 @@ def test_cli_export_writes_the_other_frameworks_format(service, tmp_path):
     assert done.returncode == 0, done.stderr
     state_dict = torch.load(done.stdout.strip().splitlines()[-1], weights_only=True)
     assert state_dict["layers.0.weight"].shape == (256, 64)
+    assert [p.name for p in tmp_path.iterdir()] == ["state_dict.pt"]  # nothing else left behind

@@ -58,12 +58,23 @@ def test_up_runs_jobs_of_both_frameworks_and_stops_cleanly(tmp_path, monkeypatch
     assert (var_dir / "trainhub.db").is_file()
     assert any((var_dir / "artifacts").iterdir())
     assert (var_dir / "logs" / "worker-0.log").is_file()
+    # `keys create --var-dir` from another folder makes a key the running stack's database holds.
+    other = {k: v for k, v in os.environ.items() if not k.startswith("TRAINHUB_")}
+    made = subprocess.run([sys.executable, "-m", "app.cli", "keys", "--var-dir", str(var_dir), "create", "--name", "x"],
+                          env=other, cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
 
 
 def test_keys_create_prints_the_secret_on_the_last_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINHUB_")}
     env["TRAINHUB_VAR_DIR"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"],
+    # From a folder with no stack, a new empty database is made only when asked (--init): a key in
+    # it would be refused by the running stack, which keeps its database elsewhere.
+    refused = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"],
+                             env=env, capture_output=True, text=True)
+    assert refused.returncode == 1 and "--var-dir" in refused.stderr and "--init" in refused.stderr
+    assert not (tmp_path / "trainhub.db").exists()
+    out = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci", "--init"],
                          env=env, capture_output=True, text=True, check=True).stdout
     secret = out.strip().splitlines()[-1]
     assert secret.startswith("th_") and len(secret) > 30

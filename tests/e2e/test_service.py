@@ -142,6 +142,31 @@ def test_a_gpu_job_waits_with_its_reason(service):
         assert client.cancel(job["id"])["status"] == "cancelled"
 
 
+def test_submit_wait_says_at_once_why_a_job_waits_and_stops_at_its_timeout(service):
+    """Issue 16, item 14: a queue no online worker serves was a silent wait forever."""
+    key = service.new_key("timeout")
+    started = time.monotonic()
+    waited = run_cli(service, "submit", "--framework", "jax", "--hardware", "gpu", "--dataset", "digits",
+                     "--wait", "--timeout", "3", key=key)
+    assert waited.returncode == 124, waited.stderr
+    assert time.monotonic() - started < 60
+    said = " ".join(waited.stderr.split())
+    assert "waits: no online worker serves gpu.jax" in said and "still queued after 3 s" in said
+    with service.client(key) as client:
+        [job] = client.list(status="queued")["items"]
+        client.cancel(job["id"])
+
+
+def test_download_all_fetches_every_artifact_checked(service, tmp_path):
+    with service.client() as client:
+        job = client.wait(client.submit({**DIGITS, "framework": "jax", "epochs": 1})["id"], timeout_s=120)
+        seen = []
+        files = client.download_all(job["id"], tmp_path, on_progress=lambda name, done, total: seen.append(name))
+    assert sorted(f.name for f in files) == sorted(a["name"] for a in job["artifacts"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(a["name"] for a in job["artifacts"])
+    assert set(seen) == {a["name"] for a in job["artifacts"]}
+
+
 def test_wrong_key_is_refused(service):
     with service.client("th_not-a-real-key") as client:
         with pytest.raises(ApiError) as error:

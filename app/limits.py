@@ -72,14 +72,32 @@ def _plain(field: str | list[str], message: str) -> dict:
 
 
 # Bidirectional embeddings, overrides and isolates: they make "evil\u202etxt.exe" read as
-# "evilexe.txt". (Other format characters, such as the zero-width joiner in emoji, are fine.)
+# "evilexe.txt". (Other format characters are refused too, but for the zero-width joiner of emoji.)
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+ZERO_WIDTH_JOINER = "\u200d"
+# Letters and symbols that render as nothing: Hangul fillers, the blank Braille pattern.
+FILLERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 
 def _has_control(text: str) -> bool:
     # Names and labels end up in terminals, logs and pages: no control characters (ANSI escapes,
-    # NUL, newlines), lone surrogates or bidi controls; any other Unicode is welcome.
-    return any(unicodedata.category(ch) in ("Cc", "Cs") or ch in BIDI_CONTROLS for ch in text)
+    # NUL, newlines), lone surrogates, bidi controls or other invisible format characters
+    # (zero-width spaces, RLM/ALM, word joiners, BOMs, tag characters); other Unicode is welcome.
+    return any(
+        unicodedata.category(ch) in ("Cc", "Cs")
+        or ch in BIDI_CONTROLS
+        or (unicodedata.category(ch) == "Cf" and ch != ZERO_WIDTH_JOINER)
+        for ch in text
+    )
+
+
+def _is_visible(text: str) -> bool:
+    """Whether `text` shows something: a character that is not a space, separator, control,
+    format or combining mark, nor a filler that renders as nothing."""
+    return any(
+        unicodedata.category(ch)[0] not in "ZC" and unicodedata.category(ch) not in ("Mn", "Me") and ch not in FILLERS
+        for ch in text
+    )
 
 
 def check_spec(spec: TrainingSpec, settings: Settings | None = None) -> None:
@@ -141,15 +159,22 @@ def check_spec(spec: TrainingSpec, settings: Settings | None = None) -> None:
                     s.max_label_value_chars,
                 )
             )
-        if not key.strip() or _has_control(key) or _has_control(value):
+        if not _is_visible(key) or _has_control(key) or _has_control(value):
             errors.append(
                 _plain(
                     ["labels", key[:64]],
-                    "label keys must be non-blank, and keys and values may not contain control characters",
+                    "label keys must show something visible, and keys and values may not contain control or "
+                    "invisible format characters (newlines, escapes, zero-width or bidi characters)",
                 )
             )
-    if spec.name is not None and _has_control(spec.name):
-        errors.append(_plain("name", "name may not contain control characters (newlines, NUL, escapes)"))
+    if spec.name is not None and (_has_control(spec.name) or not _is_visible(spec.name)):
+        errors.append(
+            _plain(
+                "name",
+                "name must show something visible and may not contain control or invisible "
+                "format characters (newlines, NUL, escapes, zero-width or bidi characters)",
+            )
+        )
     if errors:
         raise SpecOverLimit(errors)
 

@@ -269,3 +269,25 @@ def test_a_wrong_path_and_a_short_id_say_what_to_do(api, auth):
     short = api.get("/jobs/ab12", headers=auth)
     assert short.status_code == 404 and "first 8 characters" in short.json()["detail"]
     assert "first 8" not in api.get("/jobs/ab12ab12", headers=auth).json()["detail"]
+
+
+# Issue 16, item 6: names and label keys must show something; invisible characters are refused.
+
+@pytest.mark.parametrize("invisible", ["\u3164", "\u2800", "\u200b", "\u2060", "\ufeff", "\u180e",
+                                       "\u3164\u3164", "\u200b\u200d", " \u00a0"])
+def test_a_label_key_of_invisible_characters_is_refused(api, auth, invisible):
+    response = api.post("/jobs", json={"framework": "jax", "labels": {invisible: "v"}}, headers=auth)
+    assert response.status_code == 422, (repr(invisible), response.text)
+    assert "visible" in response.text
+
+
+@pytest.mark.parametrize("name", ["run\u200fone", "run\u061cone", "run\U000e0041one", "\u3164", "a\u2060b"])
+def test_a_name_with_invisible_format_characters_is_refused(api, auth, name):
+    response = api.post("/jobs", json={"framework": "jax", "name": name}, headers=auth)
+    assert response.status_code == 422, (repr(name), response.text)
+
+
+@pytest.mark.parametrize("name", ["résumé", "训练", "mlp 🧪", "👩\u200d🔬 run", "Ελληνικά"])
+def test_visible_unicode_names_are_welcome(api, auth, name):
+    response = api.post("/jobs", json={"framework": "jax", "name": name, "labels": {name: name}}, headers=auth)
+    assert response.status_code == 201, response.text

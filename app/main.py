@@ -12,7 +12,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api import artifacts, comparisons, dashboard, events, health, jobs, metrics, workers
+from app.api import artifacts, comparisons, dashboard, docs, events, health, jobs, metrics, workers
 from app.config import get_settings
 from app.db import migrate
 from app.errors import (
@@ -39,6 +39,9 @@ def create_app() -> FastAPI:
         version="0.1.0",
         description="Training as a service for JAX and PyTorch.",
         lifespan=lifespan,
+        # /docs is served from this server's own files (app/api/docs.py); no CDN page, no ReDoc.
+        docs_url=None,
+        redoc_url=None,
     )
     # Starlette types a handler's exception as Exception; each of these takes its own subclass.
     app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
@@ -56,7 +59,10 @@ def create_app() -> FastAPI:
     app.include_router(workers.router)
     app.include_router(metrics.router)
     app.include_router(dashboard.router)
+    app.include_router(docs.router)
     app.mount("/static", dashboard.static_files, name="static")
+    app.mount("/docs/assets", docs.swagger_files, name="docs-assets")
+    app.mount("/docs/start", docs.own_files, name="docs-start")
     # The last added runs first: CORS answers preflights, security headers go on every answer
     # (a 413 too), and bodies are checked before any route reads them.
     app.add_middleware(RequestLimits)

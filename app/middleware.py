@@ -168,8 +168,6 @@ SECURITY_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
 }
-# FastAPI's /docs and /redoc pages load Swagger UI and ReDoc (scripts, styles, inline code): no CSP there.
-NO_CSP_PREFIXES = ("/docs", "/redoc")
 
 
 class SecurityHeaders:
@@ -184,15 +182,12 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
         with_key = "authorization" in Headers(scope=scope)
 
         async def send_with_headers(message: AsgiMessage) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
                 for name, value in SECURITY_HEADERS.items():
-                    if name == "Content-Security-Policy" and path.startswith(NO_CSP_PREFIXES):
-                        continue
                     if name not in headers:
                         headers[name] = value
                 if with_key and "cache-control" not in headers:

@@ -515,7 +515,22 @@ def test_security_headers_on_api_answers_pages_files_and_errors(api, auth, monke
     assert "script-src" not in answers["json"].headers["content-security-policy"]
     assert "default-src 'self'" in answers["page"].headers["content-security-policy"]
     assert answers["json"].headers["cache-control"] == "no-store"
-    assert "content-security-policy" not in api.get("/docs").headers  # Swagger UI needs its scripts
+
+def test_the_api_docs_load_only_this_servers_files(api):
+    """Issue 16, item 7: /docs loaded Swagger UI from a CDN, with no CSP, where users paste keys."""
+    import re
+
+    page = api.get("/docs")
+    assert page.status_code == 200
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'self'" in csp and "script-src" not in csp and "frame-ancestors 'none'" in csp
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert assets and all(url.startswith("/") and not url.startswith("//") for url in assets)
+    assert "<script>" not in page.text  # no inline script: the CSP would refuse it
+    for url in assets:
+        assert api.get(url).status_code == 200, url
+    assert api.get("/openapi.json").status_code == 200
+    assert api.get("/redoc").status_code == 404
 
 
 def test_no_cross_origin_requests_unless_configured(api, auth, services_env, monkeypatch):

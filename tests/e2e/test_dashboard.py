@@ -182,3 +182,20 @@ def test_a_user_sees_only_their_own_jobs(service, page):
     # signing out forgets the key
     page.click("#sign-out")
     expect(page.locator("#signin")).to_be_visible()
+
+
+def test_the_api_docs_render_offline_under_their_csp(service, page, shots):
+    """Issue 16, item 7: Swagger UI from this server's own files, nothing refused by the CSP."""
+    from playwright.sync_api import expect
+
+    refused = []
+    page.on("console", lambda message: refused.append(message.text)
+            if "Content Security Policy" in message.text else None)
+    requests = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(f"{service.url}/docs")
+    expect(page.locator("#swagger-ui .info .title")).to_contain_text("trainhub", timeout=30_000)
+    expect(page.locator("#swagger-ui").get_by_text("/jobs/{job_id}/events").first).to_be_visible()
+    page.screenshot(path=str(shots / "api-docs.png"))
+    assert refused == []
+    assert requests and all(url.startswith(service.url) or url.startswith("data:") for url in requests)

@@ -165,8 +165,24 @@ def _with_the_fix(error: dict) -> dict:
     return error
 
 
+# A 422 lists at most this many errors: a body of thousands of unknown keys must not cost
+# thousands of explanations (work on the event loop, and megabytes of answer).
+MAX_ERRORS = 20
+
+
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [_about_the_whole_body(_with_the_fix(_at_the_field_it_names(_echo(e))), request) for e in exc.errors()]
+    found = exc.errors()
+    errors = [
+        _about_the_whole_body(_with_the_fix(_at_the_field_it_names(_echo(e))), request) for e in found[:MAX_ERRORS]
+    ]
+    if len(found) > MAX_ERRORS:
+        errors.append(
+            {
+                "type": "too_many_errors",
+                "loc": ["body"],
+                "msg": f"{len(found) - MAX_ERRORS} more errors left out; fix these and send the body again",
+            }
+        )
     return JSONResponse({"detail": _finite(jsonable_encoder(errors))}, status_code=422)
 
 

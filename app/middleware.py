@@ -51,9 +51,21 @@ class DuplicateKey(ValueError):
         self.key = key
 
 
+# No object of the API has more keys (a spec has about twenty fields, labels at most 32): a body
+# of thousands of keys is refused before validation would explain each of them.
+MAX_JSON_KEYS = 256
+
+
+class TooManyKeys(ValueError):
+    """A JSON object has more than MAX_JSON_KEYS keys."""
+
+
 def refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     """json.loads' object_pairs_hook: a dict, or DuplicateKey when a key comes twice (RFC 8259
-    leaves that undefined; silently keeping the last would hide what the sender meant)."""
+    leaves that undefined; silently keeping the last would hide what the sender meant), or
+    TooManyKeys beyond MAX_JSON_KEYS."""
+    if len(pairs) > MAX_JSON_KEYS:
+        raise TooManyKeys(len(pairs))
     seen: dict = {}
     for key, value in pairs:
         if key in seen:
@@ -134,6 +146,11 @@ class RequestLimits:
     def _json_error(body: bytes, max_depth: int) -> JSONResponse | None:
         try:
             value = json.loads(body, object_pairs_hook=refuse_duplicate_keys)
+        except TooManyKeys as exc:
+            return _body_error(
+                f"a JSON object with {exc.args[0]} keys; no object of this API has more than {MAX_JSON_KEYS}",
+                "json_too_many_keys",
+            )
         except DuplicateKey as exc:
             return _body_error(
                 f"the key {exc.key[:100]!r} appears twice in one JSON object; send it once", "json_duplicate_key"

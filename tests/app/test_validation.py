@@ -291,3 +291,23 @@ def test_a_name_with_invisible_format_characters_is_refused(api, auth, name):
 def test_visible_unicode_names_are_welcome(api, auth, name):
     response = api.post("/jobs", json={"framework": "jax", "name": name, "labels": {name: name}}, headers=auth)
     assert response.status_code == 201, response.text
+
+
+# Issue 16, item 3: an invalid body's answer, and the work it causes, are bounded.
+
+def test_a_body_of_thousands_of_keys_is_refused_before_validation(api, auth):
+    import json as _json
+
+    body = _json.dumps({"framework": "jax", **{f"k{i}": 1 for i in range(20000)}})
+    response = api.post("/jobs", content=body, headers={**auth, "Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["type"] == "json_too_many_keys" and len(response.content) < 1000
+
+
+def test_a_422_lists_at_most_twenty_errors_and_says_how_many_it_left_out(api, auth):
+    body = {"framework": "jax", **{f"unknown_{i}": 1 for i in range(200)}}
+    response = api.post("/jobs", json=body, headers=auth)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert len(detail) == 21 and detail[-1]["type"] == "too_many_errors"
+    assert detail[-1]["msg"].startswith("180 more errors left out")

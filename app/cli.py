@@ -458,7 +458,7 @@ def follow(client: TrainhubClient, job_id: str, timeout_s: float | None = None) 
     if job["waiting_reason"] and job["waiting_reason"].startswith("no online worker"):
         console.print(f"[yellow]job {job_id[:8]} waits: {escape(job['waiting_reason'])}[/yellow]")
     epochs = job["progress"]["epochs"]
-    epoch_s: list[float] = []
+    text = ProgressText(epochs)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -474,7 +474,8 @@ def follow(client: TrainhubClient, job_id: str, timeout_s: float | None = None) 
                 info=job["waiting_reason"] or job["status"],
             )
             for event in client.events(job_id):
-                progress.update(task, info=progress_info(event, epoch_s, epochs))
+                if (info := text.after(event)) is not None:
+                    progress.update(task, info=info)
                 if event.event == "metrics":
                     progress.update(task, completed=event.data["epoch"])
     except KeyboardInterrupt:
@@ -492,18 +493,29 @@ def follow(client: TrainhubClient, job_id: str, timeout_s: float | None = None) 
     return job
 
 
-def progress_info(event: Event, epoch_s: list[float], epochs: int) -> str:
-    """The progress bar's text after `event`: an epoch's loss, accuracy and ETA; why a queued
-    job waits; or the status (a final one replaces the ETA, which no longer means anything)."""
-    if event.event == "metrics":
-        metrics = event.data
-        epoch_s.append(metrics["epoch_time_s"] + metrics["eval_time_s"])
-        eta = eta_s(epoch_s, epochs - metrics["epoch"])
-        return f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}  ETA {_clock(eta)}"
-    if event.event == "waiting" and event.data["waiting_reason"]:
-        return f"waiting: {event.data['waiting_reason']}"
-    waiting = event.data.get("waiting_reason")
-    return event.data.get("status", "") + (f": {waiting}" if waiting else "")
+class ProgressText:
+    """The progress bar's text as a job's events arrive: each epoch's loss, test accuracy and ETA;
+    why a queued job waits; and at the end its final status in place of the ETA (a cancelled
+    job's ETA no longer means anything)."""
+
+    FINAL = set(FINISHED)
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs, self.epoch_s, self.scores = epochs, list[float](), ""
+
+    def after(self, event: Event) -> str | None:
+        """The new text after `event`, or None to leave it as it is."""
+        if event.event == "metrics":
+            metrics = event.data
+            self.epoch_s.append(metrics["epoch_time_s"] + metrics["eval_time_s"])
+            self.scores = f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}"
+            return f"{self.scores}  ETA {_clock(eta_s(self.epoch_s, self.epochs - metrics['epoch']))}"
+        if event.event == "waiting":
+            return f"waiting: {event.data['waiting_reason']}" if event.data["waiting_reason"] else None
+        status, waiting = event.data.get("status", ""), event.data.get("waiting_reason")
+        if status in self.FINAL:
+            return f"{self.scores}  {status}" if self.scores else status
+        return None if self.scores else status + (f": {waiting}" if waiting else "")
 
 
 @contextmanager

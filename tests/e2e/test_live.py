@@ -151,8 +151,10 @@ def test_cli_submit_wait_watch_and_download(service, tmp_path):
     assert submitted.returncode == 0, submitted.stderr
     job = json.loads(submitted.stdout)
     assert job["status"] == "succeeded" and job["result"]["test_accuracy"] > 0.5
-    # the progress bar, fed by the event stream, ends at the last epoch; then the result
-    assert "epoch 3 of 3" in submitted.stderr and "ETA" in submitted.stderr, submitted.stderr
+    # the progress bar, fed by the event stream, ends at the last epoch with its scores and the
+    # final status in place of the ETA; then the result
+    assert "epoch 3 of 3" in submitted.stderr and "test acc" in submitted.stderr, submitted.stderr
+    assert "ETA" not in submitted.stderr.splitlines()[-2]
     assert f"succeeded: test accuracy {job['result']['test_accuracy']:.4f}" in submitted.stderr
 
     watched = cli(service, "watch", job["id"], "--json", key=key)

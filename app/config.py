@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     # running job whose worker has been silent longer is handed to another worker.
     worker_timeout_s: float = Field(30.0, gt=0)
     heartbeat_s: float = Field(5.0, gt=0)
+    # Where clients reach the API (e.g. https://trainhub.example.com): artifact URLs in answers
+    # start with it. Unset: they are relative (/jobs/...), never built from a request's Host.
+    public_url: str | None = None
     # On SIGTERM the API stops accepting, then gives open requests (event streams, downloads)
     # this long to end before it cancels them and exits (seconds).
     shutdown_timeout_s: int = Field(3, ge=0, le=60)

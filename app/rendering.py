@@ -8,6 +8,7 @@ import statistics
 from sqlalchemy.orm import Session
 
 from app import jobs
+from app.config import get_settings
 from app.lifecycle import JobStatus
 from app.models import Artifact, Comparison, EpochMetric, Job, aware, utcnow
 from app.schemas import Comparison as ComparisonOut
@@ -26,6 +27,12 @@ TABLE_ROWS = (
     "test_accuracy",
     "test_loss",
 )
+
+
+def public_base() -> str:
+    """What artifact URLs start with: Settings.public_url, or nothing (relative URLs). Never the
+    request's Host header, which a client chooses."""
+    return (get_settings().public_url or "").rstrip("/")
 
 
 def job(

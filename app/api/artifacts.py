@@ -43,10 +43,10 @@ def content_disposition(name: str) -> str:
 
 
 @router.get("", response_model=list[ArtifactInfo])
-def list_artifacts(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
+def list_artifacts(job_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """The job's files with their size in bytes, sha256 and download URL."""
     job = owned_job(session, user, job_id)
-    base = str(request.base_url).rstrip("/")
+    base = rendering.public_base()
     return json_response(
         [ArtifactInfo(**rendering.artifact(a, f"{base}/jobs/{job.id}/artifacts/{a.name}")) for a in job.artifacts]
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, cast
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from app import comparisons as service
 from app import jobs, limits, rendering
@@ -24,12 +24,12 @@ def owned_comparison(session: SessionDep, user: CurrentUser, comparison_id: str)
     return comparison
 
 
-def render(session: SessionDep, comparison: ComparisonRow, request: Request) -> Comparison:
-    return rendering.comparison(session, comparison, str(request.base_url))
+def render(session: SessionDep, comparison: ComparisonRow) -> Comparison:
+    return rendering.comparison(session, comparison, rendering.public_base())
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison, responses=responses(429))
-def create_comparison(spec: ComparisonSpec, request: Request, session: SessionDep, user: CurrentUser) -> Response:
+def create_comparison(spec: ComparisonSpec, session: SessionDep, user: CurrentUser) -> Response:
     """Train the spec (no `framework`) once with JAX and once with PyTorch, on the same hardware,
     from the same initial weights and with the same batch order. The two jobs count as two
     against the key's limits (429 when over one); the spec meets this server's limits as in
@@ -37,7 +37,7 @@ def create_comparison(spec: ComparisonSpec, request: Request, session: SessionDe
     spec = cast(ComparisonSpec, limits.apply_limits(spec))
     comparison = service.create_comparison(session, user, spec)
     return json_response(
-        render(session, comparison, request),
+        render(session, comparison),
         status.HTTP_201_CREATED,
         headers={"Location": f"/comparisons/{comparison.id}"},
     )
@@ -45,22 +45,22 @@ def create_comparison(spec: ComparisonSpec, request: Request, session: SessionDe
 
 @router.get("", response_model=list[Comparison])
 def list_comparisons(
-    request: Request, session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=100)] = 20
+    session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=100)] = 20
 ) -> Response:
     """The caller's comparisons, newest first."""
-    return json_response([render(session, c, request) for c in service.list_comparisons(session, user, limit)])
+    return json_response([render(session, c) for c in service.list_comparisons(session, user, limit)])
 
 
 @router.get("/{comparison_id}", response_model=Comparison)
-def read_comparison(comparison_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
+def read_comparison(comparison_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """Both jobs, the parity check and, once both succeeded, the side-by-side table."""
-    return json_response(render(session, owned_comparison(session, user, comparison_id), request))
+    return json_response(render(session, owned_comparison(session, user, comparison_id)))
 
 
 @router.post("/{comparison_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison)
-def cancel_comparison(comparison_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
+def cancel_comparison(comparison_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """Cancel both jobs (those still queued or running)."""
     comparison = owned_comparison(session, user, comparison_id)
     service.cancel_comparison(session, comparison)
     session.refresh(comparison)
-    return json_response(render(session, comparison, request), status.HTTP_202_ACCEPTED)
+    return json_response(render(session, comparison), status.HTTP_202_ACCEPTED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, cast
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 
 from app import jobs as service
 from app import limits, rendering
@@ -28,7 +28,6 @@ def owned_job(session: SessionDep, user: CurrentUser, job_id: str) -> JobRow:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Job, responses=responses(409, 429))
 def create_job(
     spec: JobSpec,
-    request: Request,
     session: SessionDep,
     user: CurrentUser,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
@@ -51,7 +50,7 @@ def create_job(
             "Idempotency-Key was already used with a different job spec; use a new key for a new job",
         ) from None
     return json_response(
-        rendering.job(session, job, str(request.base_url), position=position),
+        rendering.job(session, job, rendering.public_base(), position=position),
         status.HTTP_201_CREATED,
         headers={"Location": f"/jobs/{job.id}"},
     )
@@ -59,7 +58,6 @@ def create_job(
 
 @router.get("", response_model=JobPage)
 def list_jobs(
-    request: Request,
     session: SessionDep,
     user: CurrentUser,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
@@ -79,20 +77,20 @@ def list_jobs(
             [{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}],
         ) from None
     served = service.online_queues(session)
-    base_url = str(request.base_url)
+    base_url = rendering.public_base()
     return json_response(
         JobPage(items=[rendering.job(session, j, base_url, served) for j in page], next_cursor=next_cursor)
     )
 
 
 @router.get("/{job_id}", response_model=Job)
-def read_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
+def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """One job: status, progress, metrics, timings, result, error and artifacts."""
-    return json_response(rendering.job(session, owned_job(session, user, job_id), str(request.base_url)))
+    return json_response(rendering.job(session, owned_job(session, user, job_id), rendering.public_base()))
 
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses=responses(409))
-def cancel_job(job_id: str, request: Request, session: SessionDep, user: CurrentUser) -> Response:
+def cancel_job(job_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """Cancel a job: a queued one never runs; a running one stops after the step it is on
     and ends `cancelled` with the metrics of the epochs it finished. 409 if it already ended."""
     job = owned_job(session, user, job_id)
@@ -102,7 +100,7 @@ def cancel_job(job_id: str, request: Request, session: SessionDep, user: Current
         raise HTTPException(
             status.HTTP_409_CONFLICT, f"job {job_id} already {exc}; only queued or running jobs can be cancelled"
         ) from None
-    return json_response(rendering.job(session, job, str(request.base_url)), status.HTTP_202_ACCEPTED)
+    return json_response(rendering.job(session, job, rendering.public_base()), status.HTTP_202_ACCEPTED)
 
 
 @router.get("/{job_id}/metrics", response_model=list[EpochMetrics])

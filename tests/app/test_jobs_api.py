@@ -182,3 +182,27 @@ def test_every_time_is_utc_rfc_3339_with_a_z(api, auth, rows):
     stream = api.get(f"/jobs/{job_id}/events", headers=auth).text
     ats = re.findall(r'"at": ?"([^"]+)"', stream)
     assert ats and all(stamp.fullmatch(at) for at in ats)
+
+
+def test_artifact_urls_never_come_from_the_host_header(api, auth, rows, monkeypatch):
+    """Issue 16, item 8: a client-chosen Host header must not become a link the API hands out."""
+    from tests.conftest import reset_caches
+    from workers.runner import store_artifacts
+
+    job_id = api.post("/jobs", json={"framework": "jax", "dataset": {"name": "digits"}, "epochs": 1},
+                      headers=auth).json()["id"]
+    from app.config import get_settings
+
+    workdir = get_settings().resolved_artifact_dir() / job_id
+    workdir.mkdir(parents=True)
+    (workdir / "spec.json").write_text("{}")
+    store_artifacts(job_id, workdir, ["spec.json"])
+    rows.start(job_id)
+    evil = {**auth, "Host": "evil.example"}
+    for url in ([a["url"] for a in api.get(f"/jobs/{job_id}", headers=evil).json()["artifacts"]]
+                + [a["url"] for a in api.get(f"/jobs/{job_id}/artifacts", headers=evil).json()]):
+        assert url == f"/jobs/{job_id}/artifacts/spec.json"
+    monkeypatch.setenv("TRAINHUB_PUBLIC_URL", "https://trainhub.example.com/")
+    reset_caches()
+    [artifact] = api.get(f"/jobs/{job_id}/artifacts", headers=evil).json()
+    assert artifact["url"] == f"https://trainhub.example.com/jobs/{job_id}/artifacts/spec.json"

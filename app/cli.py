@@ -59,6 +59,11 @@ def up(
     from app.db import make_engine, migrate
     from app.keys import create_key
 
+    if port and stack.port_in_use(host, port):
+        fail(
+            f"port {port} on {host} is already in use (another `trainhub up`?): pass --port with a free one, "
+            "or --port 0 to pick one"
+        )
     settings = Settings(var_dir=var_dir.resolve(), database_url=None, broker_url=None, artifact_dir=None)
     url = settings.resolved_database_url()
     migrate(url)
@@ -178,22 +183,31 @@ def keys_options(
         get_settings.cache_clear()
 
 
-def open_database(init: bool = False) -> None:
-    """Migrate the database the keys commands use. An embedded (SQLite) one that does not exist
-    yet is created only with `init`: a key made in a new, empty database from the wrong folder
-    would be refused by the running stack (401) with no hint why."""
+def open_database(init: bool = False, var_dir: Path | None = None) -> None:
+    """Migrate the database the keys commands use (`var_dir` as `keys --var-dir`). An embedded
+    (SQLite) one that does not exist yet is created only with `init`: a key made in a new, empty
+    database from the wrong folder would be refused by the running stack (401) with no hint why."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from app.db import migrate
 
+    if var_dir is not None:
+        keys_options(var_dir)
     settings = get_settings()
     url = settings.resolved_database_url()
     if url.startswith("sqlite") and not init:
         path = Path(url.split("///", 1)[-1])
         if not path.is_file():
             fail(
-                f"no trainhub database at {path}: run this where `trainhub up` runs, or pass --var-dir DIR "
-                "(or set TRAINHUB_VAR_DIR or TRAINHUB_DATABASE_URL) to name its database; --init creates a new one"
+                f"no trainhub database at {path}: run this where `trainhub up` runs, or name the stack's database "
+                "with `trainhub keys create --var-dir DIR ...` (or TRAINHUB_VAR_DIR, or TRAINHUB_DATABASE_URL); "
+                "--init creates a new one"
             )
-    migrate()
+    try:
+        migrate()
+    except SQLAlchemyError as exc:
+        cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        fail(f"cannot open the keys' database ({url.split('@')[-1]}): {cause}")
 
 
 @keys_cli.command("create")
@@ -201,6 +215,7 @@ def keys_create(
     name: Annotated[str, typer.Option(help="who or what the key is for")],
     admin: Annotated[bool, typer.Option("--admin", help="sees every job and worker, not only its own")] = False,
     init: Annotated[bool, typer.Option("--init", help="create the embedded database if there is none yet")] = False,
+    var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
 ) -> None:
     """Create an API key; the secret is printed once, on the last line of stdout (only its
     sha256 is stored)."""
@@ -210,7 +225,7 @@ def keys_create(
     name = name.strip()
     if not name or len(name) > 200 or not name.isprintable():
         fail("--name must be 1 to 200 printable characters")
-    open_database(init)
+    open_database(init, var_dir)
     with session_scope() as session:
         key, secret = create_key(session, name, admin=admin)
     kind = "admin key" if admin else "key"
@@ -221,13 +236,16 @@ def keys_create(
 
 
 @keys_cli.command("list")
-def keys_list(as_json: Annotated[bool, typer.Option("--json", help="print the keys as JSON")] = False) -> None:
+def keys_list(
+    as_json: Annotated[bool, typer.Option("--json", help="print the keys as JSON")] = False,
+    var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
+) -> None:
     """Every key: id, prefix, name, admin, created and revoked times (never a secret or hash)."""
     from app.db import session_scope
     from app.keys import list_keys
     from app.models import rfc3339
 
-    open_database()
+    open_database(var_dir=var_dir)
     with session_scope() as session:
         rows = [
             {
@@ -259,14 +277,17 @@ def keys_list(as_json: Annotated[bool, typer.Option("--json", help="print the ke
 
 
 @keys_cli.command("revoke")
-def keys_revoke(key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")]) -> None:
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")],
+    var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
+) -> None:
     """Revoke a key: every request with it is refused (401) from now on, including its
     event streams' reconnects. Its jobs are kept."""
     from app.db import session_scope
     from app.keys import AmbiguousKey, revoke_key
     from app.models import rfc3339
 
-    open_database()
+    open_database(var_dir=var_dir)
     with session_scope() as session:
         try:
             revoked = revoke_key(session, key.removesuffix("…"))
@@ -354,7 +375,7 @@ def submit(
     ] = None,
     wait: Annotated[bool, typer.Option(help="show progress and end with the result")] = False,
     timeout: Annotated[
-        Optional[float], typer.Option(min=0, help="with --wait: stop watching after this many seconds (exit 124)")
+        Optional[float], typer.Option(min=0.1, help="with --wait: stop watching after this many seconds (exit 124)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the Job as JSON")] = False,
 ) -> None:
@@ -374,6 +395,8 @@ def submit(
         test_limit=test_limit,
         name=name,
     )
+    if timeout is not None and not wait:
+        fail("--timeout is for --wait: it says how long to watch the job")
     spec.setdefault("framework", "jax")
     with client_from_settings() as client:
         job = call(client.submit, spec)
@@ -511,7 +534,8 @@ class ProgressText:
             self.scores = f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}"
             return f"{self.scores}  ETA {_clock(eta_s(self.epoch_s, self.epochs - metrics['epoch']))}"
         if event.event == "waiting":
-            return f"waiting: {event.data['waiting_reason']}" if event.data["waiting_reason"] else None
+            reason = event.data["waiting_reason"]
+            return None if not reason else reason if reason.startswith("waiting") else f"waiting: {reason}"
         status, waiting = event.data.get("status", ""), event.data.get("waiting_reason")
         if status in self.FINAL:
             return f"{self.scores}  {status}" if self.scores else status
@@ -545,7 +569,7 @@ def eta_s(epoch_s: list[float], remaining: int) -> float:
 
 
 def _metric(value: float | None) -> str:
-    return "nan" if value is None else f"{value:.4f}"
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _clock(seconds: float) -> str:
@@ -618,7 +642,7 @@ def watch(
     job_id: str,
     as_json: Annotated[bool, typer.Option("--json", help="print the final Job as JSON")] = False,
     timeout: Annotated[
-        Optional[float], typer.Option(min=0, help="stop watching after this many seconds (exit 124)")
+        Optional[float], typer.Option(min=0.1, help="stop watching after this many seconds (exit 124)")
     ] = None,
 ) -> None:
     """Follow a job with a progress bar (epoch k of n, loss, accuracy, ETA) until it ends;

@@ -157,7 +157,7 @@ def _with_the_fix(error: dict) -> dict:
         close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else f"the fields here are {', '.join(model.model_fields)}"
         return {**error, "msg": f"{error.get('msg', '')}: unknown field {loc[-1][:60]!r}; {hint}"}
-    if kind in ("model_type", "model_attributes_type") and isinstance(given, str):
+    if kind in ("model_type", "model_attributes_type") and isinstance(given, str) and len(loc) > 1:
         model = _spec_model(loc[1:])
         if model is not None and "name" in model.model_fields:
             example = json.dumps({"name": given[:60]})

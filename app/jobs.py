@@ -153,9 +153,10 @@ def not_found_message(kind: str, ident: str) -> str:
     """The 404 detail for `kind` (job, comparison) `ident`; an id too short to look up says why."""
     shown = ident[:60]
     if len(ident) < 8 and re.fullmatch(r"[0-9a-fA-F-]+", ident):
+        listing = "trainhub comparisons" if kind == "comparison" else "trainhub list"
         return (
             f"{kind} {shown} not found: a short id needs at least its first 8 characters "
-            f"(as `trainhub list` shows them), or give the whole id"
+            f"(as `{listing}` shows them), or give the whole id"
         )
     return f"{kind} {shown} not found"
 

@@ -84,7 +84,7 @@ def _has_control(text: str) -> bool:
     # NUL, newlines), lone surrogates, bidi controls or other invisible format characters
     # (zero-width spaces, RLM/ALM, word joiners, BOMs, tag characters); other Unicode is welcome.
     return any(
-        unicodedata.category(ch) in ("Cc", "Cs")
+        unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
         or ch in BIDI_CONTROLS
         or (unicodedata.category(ch) == "Cf" and ch != ZERO_WIDTH_JOINER)
         for ch in text

@@ -61,7 +61,6 @@ def create_app() -> FastAPI:
     app.include_router(dashboard.router)
     app.include_router(docs.router)
     app.mount("/static", dashboard.static_files, name="static")
-    app.mount("/docs/assets", docs.swagger_files, name="docs-assets")
     app.mount("/docs/start", docs.own_files, name="docs-start")
     # The last added runs first: CORS answers preflights, security headers go on every answer
     # (a 413 too), and bodies are checked before any route reads them.

@@ -23,6 +23,17 @@ import httpx
 API_SHUTDOWN_TIMEOUT_S = 3
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens on host:port (then a new API there would fail to bind,
+    and readiness checks would reach the other server)."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,8 +12,8 @@ from __future__ import annotations
 from importlib.util import find_spec
 from pathlib import Path
 
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, HTTPException, status
+from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 # Only the package's static files are used (found without importing it: it would import its
@@ -46,9 +46,25 @@ PAGE = """<!doctype html>
 </html>
 """
 
+# The only files of the package the page uses (it also holds Swagger Editor, source maps and a
+# start-up script that points at a public demo schema, which are not served).
+ASSETS = ("swagger-ui.css", "swagger-ui-bundle.js", "swagger-ui-standalone-preset.js", "favicon-32x32.png")
+MEDIA_TYPES = {".css": "text/css", ".js": "text/javascript", ".png": "image/png"}
+
 router = APIRouter(include_in_schema=False)
-swagger_files = StaticFiles(directory=SWAGGER_UI_DIR)
 own_files = StaticFiles(directory=OWN_DIR)
+
+
+@router.get("/docs/assets/{name}")
+def asset(name: str) -> FileResponse:
+    """One of Swagger UI's ASSETS; any other name is 404 (never a path)."""
+    if name not in ASSETS:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no such file: {name[:60]}")
+    return FileResponse(
+        SWAGGER_UI_DIR / name,
+        media_type=MEDIA_TYPES[Path(name).suffix],
+        headers={"Cache-Control": "public, max-age=3600"},
+    )
 
 
 @router.get("/docs")

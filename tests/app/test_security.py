@@ -531,6 +531,9 @@ def test_the_api_docs_load_only_this_servers_files(api):
         assert api.get(url).status_code == 200, url
     assert api.get("/openapi.json").status_code == 200
     assert api.get("/redoc").status_code == 404
+    # only the files the page uses: not Swagger Editor, source maps or the demo start-up script
+    for other in ("swagger-initializer.js", "swagger-editor-bundle.js", "swagger-ui-bundle.js.map", "..%2Fcore.py"):
+        assert api.get(f"/docs/assets/{other}").status_code == 404, other
 
 
 def test_no_cross_origin_requests_unless_configured(api, auth, services_env, monkeypatch):

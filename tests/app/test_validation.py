@@ -281,7 +281,8 @@ def test_a_label_key_of_invisible_characters_is_refused(api, auth, invisible):
     assert "visible" in response.text
 
 
-@pytest.mark.parametrize("name", ["run\u200fone", "run\u061cone", "run\U000e0041one", "\u3164", "a\u2060b"])
+@pytest.mark.parametrize("name", ["run\u200fone", "run\u061cone", "run\U000e0041one", "\u3164", "a\u2060b",
+                                  "first\u2028second", "first\u2029second"])
 def test_a_name_with_invisible_format_characters_is_refused(api, auth, name):
     response = api.post("/jobs", json={"framework": "jax", "name": name}, headers=auth)
     assert response.status_code == 422, (repr(name), response.text)
@@ -311,3 +312,10 @@ def test_a_422_lists_at_most_twenty_errors_and_says_how_many_it_left_out(api, au
     detail = response.json()["detail"]
     assert len(detail) == 21 and detail[-1]["type"] == "too_many_errors"
     assert detail[-1]["msg"].startswith("180 more errors left out")
+
+
+def test_a_body_that_is_not_an_object_gets_no_name_hint(api, auth):
+    response = api.post("/jobs", content='"hello"', headers={**auth, "Content-Type": "application/json"})
+    assert response.status_code == 422 and '{"name"' not in response.text
+    form = api.post("/jobs", content="framework=jax", headers={**auth, "Content-Type": "text/plain"})
+    assert form.status_code == 422 and "Content-Type" in form.text and '{"name"' not in form.text

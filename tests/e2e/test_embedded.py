@@ -60,9 +60,11 @@ def test_up_runs_jobs_of_both_frameworks_and_stops_cleanly(tmp_path, monkeypatch
     assert (var_dir / "logs" / "worker-0.log").is_file()
     # `keys create --var-dir` from another folder makes a key the running stack's database holds.
     other = {k: v for k, v in os.environ.items() if not k.startswith("TRAINHUB_")}
-    made = subprocess.run([sys.executable, "-m", "app.cli", "keys", "--var-dir", str(var_dir), "create", "--name", "x"],
-                          env=other, cwd=tmp_path, capture_output=True, text=True)
-    assert made.returncode == 0, made.stderr
+    for args in (["keys", "--var-dir", str(var_dir), "create", "--name", "x"],
+                 ["keys", "create", "--name", "y", "--var-dir", str(var_dir)]):
+        made = subprocess.run([sys.executable, "-m", "app.cli", *args], env=other, cwd=tmp_path, capture_output=True,
+                              text=True)
+        assert made.returncode == 0, made.stderr
 
 
 def test_keys_create_prints_the_secret_on_the_last_line(tmp_path):

@@ -228,11 +228,11 @@ def _order(name: str) -> tuple:
 
 
 def load_weights(path: Path, dropout: float = 0.0) -> tuple[MLP, dict]:
-    """(model, params) from a weights.safetensors file written by either trainer.
+    """(model, variables) from a weights.safetensors file written by either trainer: the flax
+    variables as `model.init` lays them out ({"params": ...}, and "batch_stats" with batch norm),
+    ready for `model.apply(variables, x, train=False)` and `evaluate`.
 
     The architecture is read from the tensor shapes. Raises ValueError for other tensor names.
-    With batch norm, `params` is the full variables dict ({"params", "batch_stats"}); pass it to
-    `evaluate`, which accepts either.
     """
     weights = read_weights(path)
     info = describe(weights)
@@ -244,8 +244,7 @@ def load_weights(path: Path, dropout: float = 0.0) -> tuple[MLP, dict]:
         batch_norm=info["batch_norm"],
     )
     model = build(spec, info["num_classes"])
-    variables = variables_from_weights(weights)
-    return model, (variables if info["batch_norm"] else variables["params"])
+    return model, variables_from_weights(weights)
 
 
 def _variables(params: dict) -> dict:

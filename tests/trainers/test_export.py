@@ -25,7 +25,8 @@ def x_test() -> np.ndarray:
 def test_export_round_trip_keeps_the_logits(framework, tmp_path, x_test):
     fit(JobSpec(framework=framework, **SPEC), tmp_path, lambda e, m: None)
     weights = tmp_path / "weights.safetensors"
-    jax_model, jax_params = jax_load(weights)
+    jax_model, jax_variables = jax_load(weights)
+    jax_params = jax_variables["params"]
     torch_model = torch_load(weights).eval()
 
     state_dict = torch.load(export(weights, "pytorch", tmp_path / "pt"), weights_only=True)

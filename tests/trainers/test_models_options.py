@@ -66,8 +66,8 @@ def test_cnn_trains_the_same_in_both_frameworks(cnn_runs):
 def test_cnn_weights_cross_load_with_matching_logits(cnn_runs, trained_by):
     path = cnn_runs[trained_by][1] / "weights.safetensors"
     x = load_dataset(DatasetSpec(name="digits", test_limit=100)).x_test
-    jax_model, params = jax_models.load_weights(path)
-    jax_logits = np.asarray(jax_model.apply({"params": params}, x))
+    jax_model, variables = jax_models.load_weights(path)
+    jax_logits = np.asarray(jax_model.apply(variables, x))
     torch_logits = torch_models.load_weights(path, in_features=64)(torch.tensor(x)).detach().numpy()
     np.testing.assert_allclose(jax_logits, torch_logits, atol=1e-4)
     np.testing.assert_allclose(forward(load_file(path), x), torch_logits, atol=1e-4)

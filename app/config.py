@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     max_epochs: int = Field(hard.MAX_EPOCHS, ge=1, le=hard.MAX_EPOCHS)
     max_batch_size: int = Field(hard.MAX_BATCH_SIZE, ge=1, le=hard.MAX_BATCH_SIZE)
     max_parameters: int = Field(hard.MAX_PARAMETERS, ge=1, le=hard.MAX_PARAMETERS)
+    # A job's memory as estimated from its spec (trainers.spec.memory_estimate: data, params and
+    # optimizer state, one batch's activations), and its examples per split.
+    max_job_memory_bytes: int = Field(8 * 1024**3, ge=1)
+    max_examples: int = Field(hard.MAX_EXAMPLES, ge=1, le=hard.MAX_EXAMPLES)
     max_runtime_s: float = Field(hard.MAX_RUNTIME_S, gt=0, le=hard.MAX_RUNTIME_S)
     max_labels: int = Field(hard.MAX_LABELS, ge=0, le=hard.MAX_LABELS)
     max_label_key_chars: int = Field(hard.MAX_LABEL_KEY_CHARS, ge=1, le=hard.MAX_LABEL_KEY_CHARS)

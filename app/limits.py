@@ -34,7 +34,7 @@ from app.config import Settings, get_settings
 from app.keys import Caller
 from app.models import ApiKey, Job, utcnow
 from app.status import JobStatus
-from trainers.spec import TrainingSpec, parameter_count
+from trainers.spec import TrainingSpec, memory_estimate, parameter_count, test_size, train_size
 
 RATE_WINDOW_S = 60.0
 
@@ -100,6 +100,10 @@ def _is_visible(text: str) -> bool:
     )
 
 
+def _gib(size: int) -> str:
+    return f"{size / 1024**3:.2f} GiB"
+
+
 def check_spec(spec: TrainingSpec, settings: Settings | None = None) -> None:
     """Raise SpecOverLimit listing every limit of `settings` the spec exceeds."""
     s = settings or get_settings()
@@ -125,6 +129,28 @@ def check_spec(spec: TrainingSpec, settings: Settings | None = None) -> None:
                 "this server allows; use fewer or smaller hidden layers",
                 "max_parameters",
                 s.max_parameters,
+            )
+        )
+    for split, examples in (("train_limit", train_size(spec.dataset)), ("test_limit", test_size(spec.dataset))):
+        if examples > s.max_examples:
+            errors.append(
+                _limit(
+                    f"dataset.{split}",
+                    f"dataset.{split} gives {examples:,} examples, more than this server allows",
+                    "max_examples",
+                    s.max_examples,
+                )
+            )
+    memory = memory_estimate(spec)
+    if memory["total"] > s.max_job_memory_bytes:
+        parts = ", ".join(f"{name} {_gib(size)}" for name, size in memory.items() if name != "total")
+        errors.append(
+            _limit(
+                "batch_size",
+                f"the job would need about {_gib(memory['total'])} of memory ({parts}), more than this server "
+                "allows; use fewer examples (dataset.train_limit), a smaller batch_size or a smaller model",
+                "max_job_memory_bytes",
+                s.max_job_memory_bytes,
             )
         )
     if spec.max_runtime_s is not None and spec.max_runtime_s > s.max_runtime_s:

@@ -375,3 +375,43 @@ def test_size(dataset: DatasetSpec) -> int:
     if dataset.name == "synthetic":
         return dataset.test_limit or n
     return min(n, dataset.test_limit) if dataset.test_limit else n
+
+
+# Bytes per float32 value; what training holds besides the data (see memory_estimate).
+FLOAT_BYTES = 4
+# params, their gradients and two optimizer moments (Adam's; SGD with momentum holds one).
+STATE_COPIES = 4
+# Activations of one batch are kept for the backward pass, with their gradients and the
+# framework's temporaries: about three times their size.
+ACTIVATION_COPIES = 3
+# The data is held twice: the host arrays and their copy on the device (CPU or accelerator).
+DATA_COPIES = 2
+
+
+def activation_count(spec: TrainingSpec) -> int:
+    """Values the forward pass computes for one example: each conv layer's feature maps (before
+    and after its pool) and each dense layer's outputs."""
+    model, count = spec.model, 0
+    if model.name == "cnn":
+        for side, channels in zip(conv_sides(spec), model.channels):
+            count += channels * side * side + channels * (side // 2) ** 2
+    return count + sum(model.hidden_sizes) + NUM_CLASSES
+
+
+def memory_estimate(spec: TrainingSpec) -> dict[str, int]:
+    """Bytes a run of `spec` holds at once, by part (each device of a data parallel run holds
+    the state and its share of the batch; the estimate is for the whole run on one device):
+
+    - data: the train and test splits, float32 features (DATA_COPIES: host and device);
+    - state: params, gradients and optimizer moments (STATE_COPIES x parameter_count);
+    - activations: one batch's forward values, kept for the backward pass (ACTIVATION_COPIES);
+    - total: their sum. An estimate from the spec alone, to refuse a job that cannot fit before
+      it is queued; the frameworks' own overheads (compiled programs, caches) come on top."""
+    features = INPUT_FEATURES[spec.dataset.name]
+    examples = train_size(spec.dataset) + test_size(spec.dataset)
+    parts = {
+        "data": DATA_COPIES * examples * (features + 1) * FLOAT_BYTES,
+        "state": STATE_COPIES * parameter_count(spec) * FLOAT_BYTES,
+        "activations": ACTIVATION_COPIES * spec.batch_size * activation_count(spec) * FLOAT_BYTES,
+    }
+    return {**parts, "total": sum(parts.values())}

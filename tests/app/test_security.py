@@ -245,6 +245,10 @@ def test_malformed_or_unknown_keys_are_401(api, authorization):
     ("max_labels", 2, {**DIGITS, "labels": {"a": "1", "b": "2", "c": "3"}}, "labels"),
     ("max_label_key_chars", 4, {**DIGITS, "labels": {"abcde": "1"}}, "labels.abcde"),
     ("max_label_value_chars", 4, {**DIGITS, "labels": {"a": "12345"}}, "labels.a"),
+    ("max_examples", 1000, {**DIGITS, "dataset": {"name": "synthetic", "train_limit": 1001, "test_limit": 10}},
+     "dataset.train_limit"),
+    ("max_job_memory_bytes", 20_000_000, {**DIGITS, "dataset": {"name": "synthetic", "train_limit": 5000,
+                                                                "test_limit": 10}}, "batch_size"),
 ])
 def test_each_spec_limit_is_422_naming_the_limit_and_its_setting(api, auth, monkeypatch, setting, value, spec, field):
     set_limits(monkeypatch, **{setting: value})
@@ -260,8 +264,22 @@ def test_each_spec_limit_is_422_naming_the_limit_and_its_setting(api, auth, monk
     at_limit = {"max_epochs": {"epochs": 5}, "max_batch_size": {"batch_size": 16},
                 "max_parameters": {"model": {"hidden_sizes": [100]}}, "max_runtime_s": {"max_runtime_s": 60},
                 "max_labels": {"labels": {"a": "1", "b": "2"}}, "max_label_key_chars": {"labels": {"abcd": "1"}},
-                "max_label_value_chars": {"labels": {"a": "1234"}}}[setting]
+                "max_label_value_chars": {"labels": {"a": "1234"}},
+                "max_examples": {"dataset": {"name": "synthetic", "train_limit": 1000, "test_limit": 10}},
+                "max_job_memory_bytes": {"dataset": {"name": "synthetic", "train_limit": 1000, "test_limit": 10}}}[setting]
     assert api.post("/jobs", json={**DIGITS, **at_limit}, headers=auth).status_code == 201
+
+
+def test_a_job_too_big_for_a_worker_is_refused_with_its_estimate(api, auth):
+    """Issue 16, item 5: 1,000,000 + 1,000,000 examples, batch 65,536 and hidden [16384, 2048] was
+    accepted; a worker would need about 26 GiB."""
+    spec = {"framework": "jax", "dataset": {"name": "synthetic", "train_limit": 1_000_000, "test_limit": 1_000_000},
+            "batch_size": 65536, "model": {"hidden_sizes": [16384, 2048]}}
+    response = api.post("/jobs", json=spec, headers=auth)
+    assert response.status_code == 422
+    [error] = [e for e in response.json()["detail"] if e["ctx"]["limit"] == "max_job_memory_bytes"]
+    assert "about 25.90 GiB" in error["msg"] and "activations 13.51 GiB" in error["msg"]
+    assert "TRAINHUB_MAX_JOB_MEMORY_BYTES" in error["msg"]
 
 
 def test_settings_cannot_raise_the_specs_hard_caps(monkeypatch):

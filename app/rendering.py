@@ -3,6 +3,7 @@ artifacts, and a comparison (its status, side-by-side table and parity), built o
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 
 from sqlalchemy.orm import Session
@@ -29,6 +30,25 @@ TABLE_ROWS = (
 )
 
 
+def worker_alias(name: str) -> str:
+    """A worker's name as a user key sees it: stable (the same worker, the same alias), and
+    saying nothing of the host or process (an admin key sees `hostname:pid:instance`)."""
+    return "worker-" + hashlib.sha256(name.encode()).hexdigest()[:10]
+
+
+# What a user key sees of the worker that ran a job: what it ran on, not where.
+_PUBLIC_WORKER_FIELDS = ("hardware", "devices", "versions", "backend")
+
+
+def job_worker(worker: dict | None, admin: bool) -> dict | None:
+    """The job's `worker` as the caller may see it: whole for an admin key; else its alias,
+    hardware, devices, versions and backend (no hostname, pid or instance)."""
+    if worker is None or admin:
+        return worker
+    public = {key: worker[key] for key in _PUBLIC_WORKER_FIELDS if key in worker}
+    return {"name": worker_alias(str(worker.get("name", ""))), **public}
+
+
 def public_base() -> str:
     """What artifact URLs start with: Settings.public_url, or nothing (relative URLs). Never the
     request's Host header, which a client chooses."""
@@ -36,10 +56,16 @@ def public_base() -> str:
 
 
 def job(
-    session: Session, row: Job, base_url: str, served: set[str] | None = None, position: int | None = None
+    session: Session,
+    row: Job,
+    base_url: str,
+    served: set[str] | None = None,
+    position: int | None = None,
+    admin: bool = False,
 ) -> JobOut:
     """Render a row as the HTTP Job; `base_url` prefixes artifact URLs. `served` (online_queues)
-    and `position` (queue_position): when the caller has them already (read here otherwise)."""
+    and `position` (queue_position): when the caller has them already (read here otherwise).
+    `admin`: whether the caller's key is an admin key (it sees where the job ran: job_worker)."""
     if served is None:
         served = jobs.online_queues(session) if row.status == JobStatus.QUEUED else set()
     url = base_url.rstrip("/")
@@ -65,7 +91,7 @@ def job(
             "artifacts": [artifact(a, f"{url}/jobs/{row.id}/artifacts/{a.name}") for a in row.artifacts]
             if started
             else [],
-            "worker": row.worker,
+            "worker": job_worker(row.worker, admin),
         }
     )
 
@@ -79,7 +105,7 @@ def artifact(artifact: Artifact, url: str) -> dict:
     return {"name": artifact.name, "size_bytes": artifact.size_bytes, "sha256": artifact.sha256, "url": url}
 
 
-def comparison(session: Session, row: Comparison, base_url: str) -> ComparisonOut:
+def comparison(session: Session, row: Comparison, base_url: str, admin: bool = False) -> ComparisonOut:
     """A comparison with both jobs, its status and error, the table once both succeeded, the parity
     check and how long the two jobs overlapped."""
     state, error = comparison_status(row)
@@ -90,7 +116,7 @@ def comparison(session: Session, row: Comparison, base_url: str) -> ComparisonOu
         spec=row.spec,
         created_at=row.created_at,
         jobs={
-            fw: job(session, side, base_url, served)
+            fw: job(session, side, base_url, served, admin=admin)
             for fw, side in (("jax", row.jax_job), ("pytorch", row.pytorch_job))
         },
         table=comparison_table(row) if state == JobStatus.SUCCEEDED else None,

@@ -131,8 +131,8 @@ class Worker(BaseModel):
     heartbeat); `current_job_id` is shown only when that job is the caller's (`busy`
     says whether it trains anything)."""
 
-    name: str
-    hostname: str
+    name: str  # hostname:pid:instance for an admin key; a stable alias for a user key
+    hostname: str | None  # for an admin key only
     hardware: str
     online: bool
     broker_connected: bool

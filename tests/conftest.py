@@ -107,9 +107,9 @@ def make_key(services_env):
     from app.db import session_scope
     from app.keys import create_key
 
-    def make(name: str = "test") -> str:
+    def make(name: str = "test", admin: bool = False) -> str:
         with session_scope() as session:
-            return create_key(session, name)[1]
+            return create_key(session, name, admin=admin)[1]
 
     return make
 

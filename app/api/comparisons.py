@@ -24,8 +24,8 @@ def owned_comparison(session: SessionDep, user: CurrentUser, comparison_id: str)
     return comparison
 
 
-def render(session: SessionDep, comparison: ComparisonRow) -> Comparison:
-    return rendering.comparison(session, comparison, rendering.public_base())
+def render(session: SessionDep, comparison: ComparisonRow, user: CurrentUser) -> Comparison:
+    return rendering.comparison(session, comparison, rendering.public_base(), admin=user.is_admin)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison, responses=responses(429))
@@ -37,7 +37,7 @@ def create_comparison(spec: ComparisonSpec, session: SessionDep, user: CurrentUs
     spec = cast(ComparisonSpec, limits.apply_limits(spec))
     comparison = service.create_comparison(session, user, spec)
     return json_response(
-        render(session, comparison),
+        render(session, comparison, user),
         status.HTTP_201_CREATED,
         headers={"Location": f"/comparisons/{comparison.id}"},
     )
@@ -48,13 +48,13 @@ def list_comparisons(
     session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=100)] = 20
 ) -> Response:
     """The caller's comparisons, newest first."""
-    return json_response([render(session, c) for c in service.list_comparisons(session, user, limit)])
+    return json_response([render(session, c, user) for c in service.list_comparisons(session, user, limit)])
 
 
 @router.get("/{comparison_id}", response_model=Comparison)
 def read_comparison(comparison_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """Both jobs, the parity check and, once both succeeded, the side-by-side table."""
-    return json_response(render(session, owned_comparison(session, user, comparison_id)))
+    return json_response(render(session, owned_comparison(session, user, comparison_id), user))
 
 
 @router.post("/{comparison_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison)
@@ -63,4 +63,4 @@ def cancel_comparison(comparison_id: str, session: SessionDep, user: CurrentUser
     comparison = owned_comparison(session, user, comparison_id)
     service.cancel_comparison(session, comparison)
     session.refresh(comparison)
-    return json_response(render(session, comparison), status.HTTP_202_ACCEPTED)
+    return json_response(render(session, comparison, user), status.HTTP_202_ACCEPTED)

@@ -50,7 +50,7 @@ def create_job(
             "Idempotency-Key was already used with a different job spec; use a new key for a new job",
         ) from None
     return json_response(
-        rendering.job(session, job, rendering.public_base(), position=position),
+        rendering.job(session, job, rendering.public_base(), position=position, admin=user.is_admin),
         status.HTTP_201_CREATED,
         headers={"Location": f"/jobs/{job.id}"},
     )
@@ -79,14 +79,19 @@ def list_jobs(
     served = service.online_queues(session)
     base_url = rendering.public_base()
     return json_response(
-        JobPage(items=[rendering.job(session, j, base_url, served) for j in page], next_cursor=next_cursor)
+        JobPage(
+            items=[rendering.job(session, j, base_url, served, admin=user.is_admin) for j in page],
+            next_cursor=next_cursor,
+        )
     )
 
 
 @router.get("/{job_id}", response_model=Job)
 def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> Response:
     """One job: status, progress, metrics, timings, result, error and artifacts."""
-    return json_response(rendering.job(session, owned_job(session, user, job_id), rendering.public_base()))
+    return json_response(
+        rendering.job(session, owned_job(session, user, job_id), rendering.public_base(), admin=user.is_admin)
+    )
 
 
 @router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses=responses(409))
@@ -100,7 +105,9 @@ def cancel_job(job_id: str, session: SessionDep, user: CurrentUser) -> Response:
         raise HTTPException(
             status.HTTP_409_CONFLICT, f"job {job_id} already {exc}; only queued or running jobs can be cancelled"
         ) from None
-    return json_response(rendering.job(session, job, rendering.public_base()), status.HTTP_202_ACCEPTED)
+    return json_response(
+        rendering.job(session, job, rendering.public_base(), admin=user.is_admin), status.HTTP_202_ACCEPTED
+    )
 
 
 @router.get("/{job_id}/metrics", response_model=list[EpochMetrics])

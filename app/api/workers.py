@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from sqlalchemy import select
 
-from app import heartbeats
+from app import heartbeats, rendering
 from app.api import json_response
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
@@ -40,8 +40,8 @@ def list_workers(session: SessionDep, user: CurrentUser) -> Response:
     serving = heartbeats.workers_per_queue(online)
     items = [
         Worker(
-            name=w.name,
-            hostname=w.hostname,
+            name=w.name if user.is_admin else rendering.worker_alias(w.name),
+            hostname=w.hostname if user.is_admin else None,
             hardware=w.hardware,
             online=w in online,
             broker_connected=w.broker_ok,

@@ -206,3 +206,19 @@ def test_artifact_urls_never_come_from_the_host_header(api, auth, rows, monkeypa
     reset_caches()
     [artifact] = api.get(f"/jobs/{job_id}/artifacts", headers=evil).json()
     assert artifact["url"] == f"https://trainhub.example.com/jobs/{job_id}/artifacts/spec.json"
+
+
+def test_a_user_key_sees_what_a_job_ran_on_not_where(api, auth, make_key, rows):
+    """Issue 16, item 8: hostnames and process ids are for admin keys."""
+    from app.rendering import worker_alias
+
+    job_id = api.post("/jobs", json={"framework": "jax", "dataset": {"name": "digits"}}, headers=auth).json()["id"]
+    worker = {"name": "gpu-host-7:4242:0a1b2c3d", "hostname": "gpu-host-7", "pid": 4242, "hardware": "cpu",
+              "devices": ["cpu:0"], "versions": {"jax": "0.10.2"}}
+    rows.start(job_id, worker)
+    seen = api.get(f"/jobs/{job_id}", headers=auth).json()["worker"]
+    assert seen == {"name": worker_alias(worker["name"]), "hardware": "cpu", "devices": ["cpu:0"],
+                    "versions": {"jax": "0.10.2"}}
+    assert "gpu-host-7" not in api.get("/jobs", headers=auth).text
+    admin = {"Authorization": f"Bearer {make_key('ops', admin=True)}"}
+    assert api.get(f"/jobs/{job_id}", headers=admin).json()["worker"] == worker

@@ -60,7 +60,12 @@ def test_workers_online_offline_and_queue_depths(api, auth, make_key, rows):
     response = api.get("/workers", headers=auth)
     assert response.status_code == 200, response.text
     body = response.json()
-    workers = {w["name"]: w for w in body["workers"] if w["name"] in ("wa:1", "wb:2", "wc:3", "wd:4", "we:5")}
+    # A user key sees each worker by a stable alias, never its host or process.
+    from app.rendering import worker_alias
+
+    names = {worker_alias(name): name for name in ("wa:1", "wb:2", "wc:3", "wd:4", "we:5")}
+    workers = {names[w["name"]]: w for w in body["workers"] if w["name"] in names}
+    assert all(w["hostname"] is None for w in body["workers"])
     assert list(workers) == ["we:5", "wa:1", "wb:2", "wc:3"]  # online first, then most recent
     assert [workers[n]["online"] for n in workers] == [True, True, True, False]
     assert not workers["we:5"]["busy"] and workers["we:5"]["current_job_id"] is None

@@ -38,10 +38,12 @@ class Service:
     env: dict[str, str]
     stack: Stack
     artifact_dir: Path
+    admin_key: str = ""  # made by the modules that need one
 
-    def new_key(self, name: str = "e2e") -> str:
+    def new_key(self, name: str = "e2e", admin: bool = False) -> str:
         """A key made the way a user makes one: `trainhub keys create`, last line of stdout."""
-        out = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", name],
+        out = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", name,
+                              *(["--admin"] if admin else [])],
                              env=self.env, capture_output=True, text=True, check=True).stdout
         return out.strip().splitlines()[-1]
 

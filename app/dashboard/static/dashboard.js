@@ -381,7 +381,7 @@
         ["started", job.started_at && new Date(job.started_at).toLocaleString()],
         ["finished", job.finished_at && new Date(job.finished_at).toLocaleString()],
         ["attempts", job.attempts],
-        ["worker", job.worker && `${job.worker.hostname} (${(job.worker.devices || []).join(", ")})`],
+        ["worker", job.worker && `${job.worker.hostname || job.worker.name} (${(job.worker.devices || []).join(", ")})`],
       ]);
       renderTimings();
       replace($("job-artifacts"), job.artifacts.length ? job.artifacts.map(artifactItem) :

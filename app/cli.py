@@ -7,10 +7,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -26,6 +26,7 @@ cli = typer.Typer(
 )
 keys_cli = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 cli.add_typer(keys_cli, name="keys")
+T = TypeVar("T")
 console = Console(stderr=True)
 
 
@@ -316,7 +317,7 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 @contextmanager
-def friendly_errors():
+def friendly_errors() -> Iterator[None]:
     """Turn API and connection errors (from a call or while reading a stream) into one clear line."""
     import httpx
 
@@ -332,7 +333,7 @@ def friendly_errors():
         )
 
 
-def call(fn, *args, **kwargs):
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a client call, turning API and connection errors into one clear line."""
     with friendly_errors():
         return fn(*args, **kwargs)

@@ -51,7 +51,7 @@ def responses(*codes: int) -> dict:
     return {code: {"model": Message, "description": _DESCRIPTIONS[code]} for code in codes}
 
 
-def _finite(value):
+def _finite(value: Any) -> Any:
     # JSON has no NaN or Infinity, and UTF-8 no lone surrogates: echo such an input back as
     # text instead of failing with a 500.
     if isinstance(value, float) and not math.isfinite(value):

@@ -26,6 +26,7 @@ import weakref
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -266,7 +267,7 @@ def _iso(value: datetime | None) -> str | None:
     return rfc3339(value)
 
 
-def _finite(value):
+def _finite(value: Any) -> Any:
     # JSON has no NaN or Infinity (a diverged loss): send null, which every client can parse.
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -267,9 +267,9 @@ def eval_metrics(model: MLP, params: dict, x: jax.Array, y: jax.Array) -> tuple[
     y = jnp.pad(y, (0, pad)).reshape(batches, EVAL_BATCH)
     real = (jnp.arange(batches * EVAL_BATCH) < n).reshape(batches, EVAL_BATCH)
 
-    def sums(batch):
+    def sums(batch: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         xb, yb, realb = batch
-        logits = model.apply(_variables(params), xb, train=False)
+        logits = cast(jax.Array, model.apply(_variables(params), xb, train=False))  # not mutable: logits only
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb)
         return jnp.sum(jnp.where(realb, loss, 0.0)), jnp.sum(realb & (jnp.argmax(logits, axis=-1) == yb))
 

@@ -315,10 +315,10 @@ def train_step(
         return _private_step(state, x, y, key, options)
     batch_norm = isinstance(state, BatchNormTrainState)
 
-    def loss_fn(params):
+    def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, Any]]:
         if batch_norm:
             logits, updates = state.apply_fn(
-                {"params": params, "batch_stats": state.batch_stats},
+                {"params": params, "batch_stats": state.batch_stats},  # type: ignore[attr-defined]  # batch_norm
                 x,
                 train=True,
                 rngs={"dropout": key},
@@ -344,7 +344,7 @@ def _private_step(
     clip, batch = options.privacy_clip_norm, x.shape[0]
     assert clip is not None  # train_step takes this path only when privacy_clip_norm is set
 
-    def example_loss(params, x1, y1, dropout_key):
+    def example_loss(params: Any, x1: jax.Array, y1: jax.Array, dropout_key: jax.Array) -> tuple[jax.Array, jax.Array]:
         logits = state.apply_fn({"params": params}, x1[None], train=True, rngs={"dropout": dropout_key})
         return optax.softmax_cross_entropy_with_integer_labels(logits, y1[None])[0], logits[0]
 
@@ -414,7 +414,18 @@ def _mesh(devices: int, hardware: str) -> Mesh:
     return Mesh(np.array(found[:devices]), ("data",))
 
 
-def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key, epoch, options=StepOptions()):
+def train_chunk(
+    state: TrainState,
+    totals: jax.Array,
+    x_train: jax.Array,
+    y_train: jax.Array,
+    batch_idx: jax.Array,
+    step_ids: jax.Array,
+    valid: jax.Array,
+    key: jax.Array,
+    epoch: jax.Array,
+    options: StepOptions = StepOptions(),
+) -> tuple[TrainState, jax.Array]:
     """Run the chunk's steps in order with `jax.lax.scan`; padded steps (valid False) are skipped.
 
     batch_idx int32 [C, B] indexes x_train/y_train; step_ids int32 [C] numbers the steps within
@@ -424,10 +435,10 @@ def train_chunk(state, totals, x_train, y_train, batch_idx, step_ids, valid, key
     """
     epoch_key = jax.random.fold_in(key, epoch)
 
-    def step(carry, xs):
+    def step(carry: tuple[TrainState, jax.Array], xs: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[Any, None]:
         idx, step_id, is_valid = xs
 
-        def run(carry):
+        def run(carry: tuple[TrainState, jax.Array]) -> tuple[TrainState, jax.Array]:
             state, totals = carry
             batch = (x_train[idx], y_train[idx])
             state, (loss, correct) = train_step(state, batch, jax.random.fold_in(epoch_key, step_id), options)

@@ -10,7 +10,7 @@ batch size 128, 10 epochs, seed 0.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,7 +39,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-def _new(default, **kwargs):
+def _new(default: Any, **kwargs: Any) -> Any:
     """A field added after the first release: left out of the normalised spec while it holds its
     default, so specs that do not use it serialise (and hash, and replay) exactly as before."""
     return Field(default, exclude_if=lambda value: value == default, **kwargs)

@@ -460,7 +460,9 @@ def _private_gradients(
     params = {name: p.detach() for name, p in model.named_parameters()}
     buffers = dict(model.named_buffers())
 
-    def example_loss(params, x1, y1):
+    def example_loss(
+        params: dict[str, torch.Tensor], x1: torch.Tensor, y1: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         logits = functional_call(model, (params, buffers), (x1[None],))
         loss = F.cross_entropy(logits, y1[None])
         return loss, (loss.detach(), logits.detach()[0])

@@ -15,6 +15,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, StatementError
@@ -199,7 +200,7 @@ class JobHooks:
         if row.status != JobStatus.RUNNING or row.attempts != self.attempt:
             raise trainers.StopTraining("superseded", "the job was handed to another worker")
 
-    def _read_flags(self):
+    def _read_flags(self) -> Any:
         with session_scope() as session:
             return session.execute(
                 select(Job.cancel_requested, Job.status, Job.attempts).where(Job.id == self.job_id)

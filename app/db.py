@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.config import get_settings
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
@@ -157,8 +159,6 @@ def retrying(
     `deadline_s` seconds (Settings.db_retry_s: a restart or short outage), waiting twice as long
     each time; its last error is raised after that. Each call must open its own session, so a
     retry starts a fresh transaction on a fresh connection."""
-    import logging
-
     deadline = time.monotonic() + (get_settings().db_retry_s if deadline_s is None else deadline_s)
     wait = first_wait_s
     while True:
@@ -167,8 +167,6 @@ def retrying(
         except Exception as error:
             if not is_transient(error) or time.monotonic() + wait > deadline:
                 raise
-            logging.getLogger(__name__).warning(
-                "database unavailable (%s); retrying in %.1f s", type(error).__name__, wait
-            )
+            log.warning("database unavailable (%s); retrying in %.1f s", type(error).__name__, wait)
         time.sleep(wait)
         wait = min(max_wait_s, wait * 2)

@@ -19,9 +19,6 @@ from pathlib import Path
 
 import httpx
 
-# How long the API gives open event streams and downloads to end when stopped (seconds).
-API_SHUTDOWN_TIMEOUT_S = 3
-
 
 def port_in_use(host: str, port: int) -> bool:
     """Whether something already listens on host:port (then a new API there would fail to bind,
@@ -156,18 +153,8 @@ def start(var_dir: Path, host: str, port: int, workers: int = 1, cpu_devices: in
     logs.mkdir(parents=True, exist_ok=True)
     stack = Stack(url=f"http://{host}:{port}")
     commands = {
-        "api": [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:app",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--timeout-graceful-shutdown",
-            str(API_SHUTDOWN_TIMEOUT_S),
-        ]
+        # `trainhub serve`, as in production: the same Settings (shutdown_timeout_s...) apply.
+        "api": [sys.executable, "-m", "app.cli", "serve", "--host", host, "--port", str(port)]
     }
     for i in range(workers):
         commands[f"worker-{i}"] = [

@@ -31,6 +31,7 @@ from app.config import get_settings
 from app.db import session_scope
 from app.lifecycle import JobStatus
 from app.models import Job, Worker, aware, utcnow
+from app.rendering import worker_alias
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ def requeue_lost_jobs() -> None:
                     session,
                     job.id,
                     job.attempts,
-                    f"the worker was lost {job.attempts} times (max_attempts={settings.max_attempts}); last on {name}",
+                    f"the worker was lost {job.attempts} times (max_attempts={settings.max_attempts}); "
+                    f"last on {worker_alias(str(name))}",  # the job's user sees no host or pid
                 ):
                     log.warning("job %s failed: worker lost %d times", job.id, job.attempts)
             elif lifecycle.requeue_lost(session, job.id, job.attempts):

@@ -51,7 +51,8 @@ def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
     Whatever happens after the claim, the job ends succeeded, failed or cancelled, or (when the
     worker is shutting down) goes back to queued to resume elsewhere. Its writes are retried
     through a database outage of up to Settings.db_retry_s; if the database stays away longer,
-    the job is left to the reconciler, which requeues it once this worker reports another job."""
+    the job is handed back to the queue, and if even that cannot be written, the reconciler
+    requeues it once this worker reports another job."""
     if serves is not None and not retrying(lambda: serves_job(job_id, serves)):
         return "misrouted"
     claimed = retrying(lambda: claim(job_id, worker))
@@ -194,7 +195,15 @@ class JobHooks:
         if not force and now - self.last_poll < CANCEL_POLL_S:
             return
         self.last_poll = now
-        row = retrying(self._read_flags)
+        try:
+            row = self._read_flags()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # Only a look at the flags: training goes on, and looks again at the next chunk (the
+            # epoch's record is what waits for the database).
+            log.warning("job %s: cannot read its cancel flag (%s); training goes on", self.job_id, type(exc).__name__)
+            return
         if row.cancel_requested:
             raise trainers.StopTraining(JobStatus.CANCELLED, "cancelled by the user")
         if row.status != JobStatus.RUNNING or row.attempts != self.attempt:

@@ -222,6 +222,53 @@ class TrainhubClient:
         _raise_for_status(response)
         return response.text
 
+    def upload_dataset(
+        self,
+        path: Path,
+        *,
+        name: str | None = None,
+        label_column: str | None = None,
+        image_size: str | None = None,
+        task: str | None = None,
+        format: str | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> dict:
+        """POST /datasets: stream the file at `path` as the body (its name gives the format);
+        `on_progress(bytes_sent, total_bytes)` as it goes. The Dataset (201 new, 200 when this
+        key uploaded the same content before)."""
+        options = {"name": name or Path(path).stem, "label_column": label_column, "image_size": image_size}
+        options |= {"task": task, "format": format or _format_of(Path(path).name)}
+        total = Path(path).stat().st_size
+
+        def chunks() -> Iterator[bytes]:
+            sent = 0
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    sent += len(chunk)
+                    if on_progress:
+                        on_progress(sent, total)
+                    yield chunk
+
+        return self._request(
+            "POST",
+            "/datasets",
+            params={k: v for k, v in options.items() if v is not None},
+            content=chunks(),
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(total)},
+            timeout=None,
+        )
+
+    def datasets(self) -> builtins.list[dict]:
+        """GET /datasets: the built-in datasets this deployment has, then the key's own."""
+        return self._request("GET", "/datasets")["items"]
+
+    def get_dataset(self, dataset_id: str) -> dict:
+        return self._request("GET", f"/datasets/{_segment(dataset_id)}")
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        response = self.http.delete(f"/datasets/{_segment(dataset_id)}")
+        _raise_for_status(response)
+
     def artifacts(self, job_id: str) -> builtins.list[dict]:
         return self._request("GET", f"/jobs/{_segment(job_id)}/artifacts")
 
@@ -278,6 +325,17 @@ class TrainhubClient:
         finally:
             partial.unlink(missing_ok=True)
         return path
+
+
+def _format_of(filename: str) -> str | None:
+    """The upload format a file name says (".csv", ".tar.gz", ...), None to let the server detect it."""
+    lowered = filename.lower()
+    for suffix, name in ((".csv", "csv"), (".parquet", "parquet"), (".pq", "parquet"), (".npz", "npz")):
+        if lowered.endswith(suffix):
+            return name
+    if lowered.endswith((".tar.gz", ".tgz", ".tar")):
+        return "idx"
+    return None
 
 
 def _raise_for_status(response: httpx.Response) -> None:

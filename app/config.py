@@ -112,6 +112,22 @@ class Settings(BaseSettings):
     max_submissions_per_minute: int = Field(60, ge=1)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
+    # Uploaded datasets (app/datasets/): the upload's size (413 past it), what one key may store
+    # (bytes of the stored form, summed over its datasets), examples, and what an archive may
+    # unpack to (a zip bomb is 413): bytes, members, pixels of one image.
+    max_dataset_bytes: int = Field(2 * 1024**3, ge=1024)
+    max_dataset_bytes_per_key: int = Field(20 * 1024**3, ge=1024)
+    max_dataset_examples: int = Field(hard.MAX_EXAMPLES, ge=2, le=hard.MAX_EXAMPLES)
+    max_dataset_unpacked_bytes: int = Field(8 * 1024**3, ge=1024)
+    max_dataset_files: int = Field(100_000, ge=1)
+    max_image_pixels: int = Field(4096 * 4096, ge=1)
+    # Where the API spools uploads while it validates them (default <var_dir>/uploads).
+    upload_dir: Path | None = None
+    # Each worker host's cache of uploaded datasets, by sha256, least recently used evicted past
+    # dataset_cache_bytes (default <var_dir>/dataset-cache, 20 GiB).
+    dataset_cache_dir: Path | None = None
+    dataset_cache_bytes: int = Field(20 * 1024**3, ge=0)
+
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _origins_list(cls, value: object) -> object:
@@ -139,6 +155,12 @@ class Settings(BaseSettings):
 
     def resolved_artifact_dir(self) -> Path:
         return (self.artifact_dir or self.var_dir / "artifacts").resolve()
+
+    def resolved_upload_dir(self) -> Path:
+        return (self.upload_dir or self.var_dir / "uploads").resolve()
+
+    def resolved_dataset_cache_dir(self) -> Path:
+        return (self.dataset_cache_dir or self.var_dir / "dataset-cache").resolve()
 
     def resolved_compile_cache_dir(self) -> Path:
         """JAX's persistent compilation cache of this host's workers (var_dir/jax-cache by default)."""

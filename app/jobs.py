@@ -84,6 +84,7 @@ def new_job(owner: Caller, spec: JobSpec, idempotency_key: str | None = None) ->
         devices=spec.devices,
         spec=spec.model_dump(mode="json"),
         epochs=spec.epochs,
+        dataset_id=spec.dataset.id,
         idempotency_key=idempotency_key,
         created_at=utcnow(),
         # A new job has none yet: loaded as empty, so rendering it asks the database nothing.

@@ -231,6 +231,12 @@ _RECENT_OLDEST_FIRST = (
 )
 
 
+def lock_key(session: Session, owner: Caller) -> None:
+    """Lock the key's row for the rest of the transaction: what it counts (jobs, stored datasets)
+    is counted by one request of the key at a time."""
+    session.execute(_LOCK_KEY, {"owner_id": owner.id})
+
+
 def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Settings | None = None) -> None:
     """Lock the key's row for the rest of the transaction, count its jobs, and when its `new_jobs`
     new jobs pass the key's queued or per-minute limit, roll the transaction back (the new rows

@@ -12,7 +12,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api import artifacts, comparisons, dashboard, docs, events, health, jobs, metrics, workers
+from app.api import artifacts, comparisons, dashboard, datasets, docs, events, health, jobs, metrics, workers
 from app.config import get_settings
 from app.db import migrate
 from app.errors import (
@@ -55,6 +55,7 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(artifacts.router)
     app.include_router(comparisons.router)
+    app.include_router(datasets.router)
     app.include_router(events.router)
     app.include_router(workers.router)
     app.include_router(metrics.router)
@@ -72,7 +73,7 @@ def create_app() -> FastAPI:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "HEAD", "POST"],
+            allow_methods=["GET", "HEAD", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "Range"],
             expose_headers=["Location", "Retry-After", "Content-Range", "Content-Disposition"],
             max_age=600,

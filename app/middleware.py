@@ -78,6 +78,10 @@ def _body_error(message: str, kind: str) -> JSONResponse:
     return JSONResponse({"detail": [{"type": kind, "loc": ["body"], "msg": message}]}, status_code=422)
 
 
+def _is_upload(scope: Scope) -> bool:
+    return scope["method"] == "POST" and scope["path"].rstrip("/") == "/datasets"
+
+
 class RequestLimits:
     """Refuse a body over `max_body_bytes` (413, before reading it when Content-Length says so)
     and a JSON body that cannot be parsed safely (422): nested deeper than `max_json_depth`,
@@ -88,8 +92,9 @@ class RequestLimits:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
-            # (a GET's body is never read, so it is never refused either)
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS or _is_upload(scope):
+            # (a GET's body is never read, so it is never refused either; an upload is streamed
+            # to disk by its route, under its own limit, TRAINHUB_MAX_DATASET_BYTES)
             await self.app(scope, receive, send)
             return
         settings = get_settings()

@@ -97,6 +97,8 @@ class Job(Base):
     # When its id was last handed to the broker; NULL until then (the broker was down), so the
     # reconciler knows which queued jobs still need a message.
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The uploaded dataset it trains on (spec.dataset.id): deleting one waits for its active jobs.
+    dataset_id: Mapped[str | None] = mapped_column(String(40), index=True)
 
     metrics: Mapped[list[EpochMetric]] = relationship(
         order_by="EpochMetric.epoch", cascade="all, delete-orphan", lazy="selectin"
@@ -135,13 +137,17 @@ class EpochMetric(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     epoch: Mapped[int] = mapped_column(Integer)
     train_loss: Mapped[float] = mapped_column(Float)
-    train_accuracy: Mapped[float] = mapped_column(Float)
+    # Accuracies are null for regression; its scores (0011) are null for classification.
+    train_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
     test_loss: Mapped[float] = mapped_column(Float)
-    test_accuracy: Mapped[float] = mapped_column(Float)
+    test_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
     epoch_time_s: Mapped[float] = mapped_column(Float)
     eval_time_s: Mapped[float] = mapped_column(Float)
     samples_per_s: Mapped[float] = mapped_column(Float)
     learning_rate: Mapped[float | None] = mapped_column(Float, nullable=True)  # null: stored before 0006
+    test_rmse: Mapped[float | None] = mapped_column(Float, nullable=True)
+    test_mae: Mapped[float | None] = mapped_column(Float, nullable=True)
+    test_r2: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (UniqueConstraint("job_id", "epoch", name="uq_epoch_metrics_job_epoch"),)
 
@@ -179,6 +185,36 @@ class Worker(Base):
     broker_ok: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The built-in datasets whose files this worker has (null: reported before 0011).
+    datasets: Mapped[list | None] = mapped_column(JSON)
+
+
+class Dataset(Base):
+    """An uploaded dataset: its record; the data lies in the artifact store at `location`, in
+    trainers/dataset_file.py's form, named by its sha256 (shared by every key that uploads it)."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # ds_ and 32 hex digits
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    format: Mapped[str] = mapped_column(String(16))  # what was uploaded: npz, idx, csv, parquet, imagefolder
+    task: Mapped[str] = mapped_column(String(16))
+    input_shape: Mapped[list] = mapped_column(JSON)
+    num_classes: Mapped[int] = mapped_column(Integer)
+    class_names: Mapped[list] = mapped_column(JSON)
+    train_size: Mapped[int] = mapped_column(Integer)
+    test_size: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)  # of the stored form (what counts against the key's quota)
+    upload_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    location: Mapped[str] = mapped_column(String(1000))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("owner_id", "sha256", name="uq_datasets_owner_sha256"),
+        Index("ix_datasets_owner_id_created_at", "owner_id", "created_at"),
+    )
 
 
 class Comparison(Base):

@@ -27,7 +27,12 @@ TABLE_ROWS = (
     "samples_per_s",
     "test_accuracy",
     "test_loss",
+    "test_rmse",
+    "test_mae",
+    "test_r2",
 )
+# Rows only one task has: accuracy for classification, the others for regression.
+TASK_ROWS = frozenset({"test_accuracy", "test_rmse", "test_mae", "test_r2"})
 
 
 def worker_alias(name: str) -> str:
@@ -174,6 +179,8 @@ def comparison_table(comparison: Comparison) -> list[dict]:
     rows = []
     for metric in TABLE_ROWS:
         jax_value, torch_value = values["jax"].get(metric), values["pytorch"].get(metric)
+        if metric in TASK_ROWS and jax_value is None and torch_value is None:
+            continue  # a score of the other task
         ratio = jax_value / torch_value if jax_value is not None and torch_value else None
         rows.append({"metric": metric, "jax": jax_value, "pytorch": torch_value, "ratio": ratio})
     return rows
@@ -191,4 +198,7 @@ def _values(job: Job, parameters: int) -> dict:
         "samples_per_s": statistics.median(later) if later else None,
         "test_accuracy": result.get("test_accuracy"),
         "test_loss": result.get("test_loss"),
+        "test_rmse": result.get("test_rmse"),
+        "test_mae": result.get("test_mae"),
+        "test_r2": result.get("test_r2"),
     }

@@ -28,17 +28,22 @@ __all__ = [
 
 
 class EpochMetrics(BaseModel):
-    """One epoch: losses are mean cross-entropy (nats), times in seconds."""
+    """One epoch: losses are mean cross-entropy in nats (classification) or mean squared error
+    (regression), times in seconds. Accuracies are null for regression; test_rmse, test_mae and
+    test_r2 are null for classification."""
 
     epoch: int
     train_loss: float
-    train_accuracy: float
+    train_accuracy: float | None
     test_loss: float
-    test_accuracy: float
+    test_accuracy: float | None
     epoch_time_s: float
     eval_time_s: float
     samples_per_s: float
     learning_rate: float | None = Field(None, description="The optimizer's learning rate at the epoch's first step.")
+    test_rmse: float | None = Field(None, description="Regression: root mean squared error, the target's units.")
+    test_mae: float | None = Field(None, description="Regression: mean absolute error, the target's units.")
+    test_r2: float | None = Field(None, description="Regression: coefficient of determination (1 is perfect).")
 
 
 class ArtifactInfo(BaseModel):

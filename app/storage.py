@@ -94,6 +94,13 @@ class LocalStore:
     def read_bytes(self, location: str) -> bytes:
         return self.path(location).read_bytes()
 
+    def delete(self, location: str) -> None:
+        """Remove the file at `location` (nothing when there is none)."""
+        try:
+            self.path(location).unlink(missing_ok=True)
+        except ArtifactMissing:
+            pass
+
     def size(self, location: str) -> int:
         return self.path(location).stat().st_size
 
@@ -152,6 +159,11 @@ class S3Store:
 
     def read_bytes(self, location: str) -> bytes:
         return b"".join(self.stream(location))
+
+    def delete(self, location: str) -> None:
+        """Remove the object at `location` (S3 answers success when there is none)."""
+        bucket, key = split_s3(location)
+        self.client.delete_object(Bucket=bucket, Key=key)
 
     def stream(self, location: str, byte_range: ByteRange | None = None) -> Iterator[bytes]:
         """The object's bytes (or `byte_range` of them) in chunks of CHUNK_BYTES."""

@@ -13,7 +13,13 @@ from trainers.spec import JobSpec
 
 @dataclass
 class EpochMetrics:
-    """One epoch's numbers. Losses are mean cross-entropy in nats; times in seconds.
+    """One epoch's numbers; times in seconds.
+
+    Losses are the task's: mean cross-entropy in nats (classification) or mean squared error in
+    the target's units squared (regression). Accuracies are for classification (None for
+    regression); `test_rmse`, `test_mae` (the target's units) and `test_r2` (coefficient of
+    determination, 1 - MSE / variance of the test targets; None when they are constant) for
+    regression (None for classification).
 
     `epoch_time_s` covers the training steps of the epoch only (waited for on the device);
     `eval_time_s` the evaluation on the test split that follows it. `learning_rate` is the rate
@@ -23,13 +29,16 @@ class EpochMetrics:
 
     epoch: int
     train_loss: float
-    train_accuracy: float
+    train_accuracy: float | None
     test_loss: float
-    test_accuracy: float
+    test_accuracy: float | None
     epoch_time_s: float
     eval_time_s: float
     samples_per_s: float
     learning_rate: float | None = None  # the optimizer's rate at the epoch's first step
+    test_rmse: float | None = None
+    test_mae: float | None = None
+    test_r2: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,17 +113,17 @@ class NanLoss(Exception):
         self.value = value
 
 
-# The metrics that must be finite numbers; timings are measured, never diverge.
-FINITE_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
+# The metrics that must be finite numbers (when the task has them); timings are measured, never diverge.
+FINITE_METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "test_rmse", "test_mae", "test_r2")
 
 
 def check_finite(metrics: EpochMetrics, names: tuple[str, ...] = FINITE_METRICS) -> None:
-    """Raise NanLoss naming the first of the epoch's metrics `names` (its losses and accuracies)
-    that is NaN or infinite: JSON (the database, metrics.json, the API) has no such numbers, and
-    a model that produces them has diverged."""
+    """Raise NanLoss naming the first of the epoch's metrics `names` (its losses, accuracies and
+    regression scores, those the task has) that is NaN or infinite: JSON (the database,
+    metrics.json, the API) has no such numbers, and a model that produces them has diverged."""
     for name in names:
         value = getattr(metrics, name)
-        if not math.isfinite(value):
+        if value is not None and not math.isfinite(value):
             raise NanLoss(metrics.epoch, value, name)
 
 
@@ -136,10 +145,13 @@ class RunOptions:
     data_dir: MNIST-format data is looked for here first, and downloaded into it (None: only the
     OS location, downloads into ~/.cache/trainhub/data; see trainers/data.py).
     compile_cache_dir: JAX's persistent compilation cache, shared by a host's workers (None: none).
+    dataset_file: an uploaded dataset the spec names by id, in trainers.dataset_file's form,
+    fetched (and its sha256 checked) by the caller.
     """
 
     data_dir: Path | None = None
     compile_cache_dir: Path | None = None
+    dataset_file: Path | None = None
 
 
 Report = Callable[[int, EpochMetrics], None]

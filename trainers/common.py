@@ -11,12 +11,14 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from trainers.base import FINITE_METRICS, EpochMetrics, check_finite, check_finite_weights
+from trainers.data import Dataset
 from trainers.spec import CONV_KERNEL, JobSpec, ModelSpec, OptimizerSpec
 
 Weights = dict[str, np.ndarray]
@@ -52,8 +54,22 @@ def architecture(weights: Weights) -> tuple[int, list[int], int]:
     return shapes[0][1], [out for out, _ in shapes[:-1]], shapes[-1][0]
 
 
-def init_weights(model: ModelSpec, in_features: int, num_classes: int, seed: int) -> Weights:
-    """Initial weights of the model `model` describes, in PyTorch's names and shapes.
+def image_shape(input_shape: int | Sequence[int]) -> tuple[int, int, int]:
+    """(height, width, channels) of a cnn's input: `input_shape` [H, W, C] as it is, or a flat
+    feature count read as a square one-channel image (784 -> 28x28x1), as weights files imply."""
+    if isinstance(input_shape, int):
+        side = math.isqrt(input_shape)
+        return side, side, 1
+    if len(input_shape) != 3:
+        raise ValueError(f"a cnn needs images [H, W, C], not input shape {list(input_shape)}")
+    height, width, channels = input_shape
+    return height, width, channels
+
+
+def init_weights(model: ModelSpec, input_shape: int | Sequence[int], num_classes: int, seed: int) -> Weights:
+    """Initial weights of the model `model` describes, in PyTorch's names and shapes, for inputs
+    of `input_shape` ([D] or a feature count; a cnn: [H, W, C], see image_shape) and
+    `num_classes` outputs (1 for regression).
 
     The seeds' MLP (no batch norm) is exactly `init_params`. A cnn draws its conv layers first,
     `convs.i.weight` float32 [out, in, 3, 3] (OIHW) from N(0, 2/(in*9)) and `convs.i.bias` zeros,
@@ -64,9 +80,9 @@ def init_weights(model: ModelSpec, in_features: int, num_classes: int, seed: int
     """
     rng = np.random.default_rng(seed)
     weights: Weights = {}
-    features = in_features
+    features = input_shape if isinstance(input_shape, int) else math.prod(input_shape)
     if model.name == "cnn":
-        side, c_in = math.isqrt(in_features), 1
+        height, width, c_in = image_shape(input_shape)
         for i, c_out in enumerate(model.channels):
             fan_in = c_in * CONV_KERNEL * CONV_KERNEL
             scale = np.float32(np.sqrt(2.0 / fan_in))
@@ -75,8 +91,8 @@ def init_weights(model: ModelSpec, in_features: int, num_classes: int, seed: int
             weights[f"convs.{i}.bias"] = np.zeros(c_out, dtype=np.float32)
             if model.batch_norm:
                 weights.update(_norm(f"conv_norms.{i}", c_out))
-            c_in, side = c_out, side // 2
-        features = c_in * side * side
+            c_in, height, width = c_out, height // 2, width // 2
+        features = c_in * height * width
     sizes = [features, *model.hidden_sizes, num_classes]
     for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         scale = np.float32(np.sqrt(2.0 / fan_in))
@@ -125,15 +141,16 @@ def describe(weights: Weights) -> dict:
     }
 
 
-def forward(weights: Weights, x: np.ndarray) -> np.ndarray:
-    """Logits float32 [N, classes] of the model in `weights` (eval mode: batch norm uses its running
-    statistics, no dropout) for flat inputs x [N, D], in numpy: the reference both frameworks'
-    models are checked against."""
+def forward(weights: Weights, x: np.ndarray, input_shape: Sequence[int] | None = None) -> np.ndarray:
+    """Outputs float32 [N, outputs] (logits, or the predicted value) of the model in `weights` (eval
+    mode: batch norm uses its running statistics, no dropout) for flat inputs x [N, D], in numpy:
+    the reference both frameworks' models are checked against. A cnn's images are `input_shape`
+    [H, W, C] (default: square, one channel)."""
     model = describe(weights)
     h = x.astype(np.float32)
     if model["name"] == "cnn":
-        side = math.isqrt(h.shape[1])
-        h = h.reshape(len(h), 1, side, side)
+        height, width, channels = image_shape(input_shape if input_shape is not None else h.shape[1])
+        h = h.reshape(len(h), height, width, channels).transpose(0, 3, 1, 2)
         for i in range(len(model["channels"])):
             w = weights[f"convs.{i}.weight"]
             padded = np.pad(h, ((0, 0), (0, 0), (1, 1), (1, 1)))
@@ -196,6 +213,22 @@ def epoch_batches(seed: int, epoch: int, n: int, batch_size: int) -> np.ndarray:
     return order[: steps * batch_size].reshape(steps, batch_size).astype(np.int32)
 
 
+def test_metrics(task: str, loss: float, score: float, target_variance: float | None = None) -> dict[str, float | None]:
+    """EpochMetrics' test fields from an evaluation's mean `loss` and mean `score`: for
+    classification the cross-entropy and the accuracy; for regression the squared error and the
+    absolute error, giving MSE, RMSE, MAE and R^2 = 1 - MSE / `target_variance` (the test targets'
+    population variance; R^2 is None when it is 0 or not given)."""
+    if task == "classification":
+        return {"test_loss": loss, "test_accuracy": score}
+    r2 = 1.0 - loss / target_variance if target_variance else None
+    return {"test_loss": loss, "test_accuracy": None, "test_rmse": math.sqrt(loss), "test_mae": score, "test_r2": r2}
+
+
+def target_variance(y: np.ndarray) -> float:
+    """The population variance of regression targets y [N], in float64 (R^2's denominator)."""
+    return float(np.var(np.asarray(y, dtype=np.float64))) if len(y) else 0.0
+
+
 def summarize_epoch(
     epoch: int,
     *,
@@ -203,27 +236,31 @@ def summarize_epoch(
     correct: float,
     steps: int,
     batch_size: int,
-    test_loss: float,
-    test_accuracy: float,
+    test: dict[str, float | None],
     epoch_time_s: float,
     eval_time_s: float,
     learning_rate: float | None = None,
     evaluated: bool = True,
+    task: str = "classification",
 ) -> EpochMetrics:
-    """An epoch's metrics from its sums over `steps` batches of `batch_size` examples.
+    """An epoch's metrics from its sums over `steps` batches of `batch_size` examples (`correct`:
+    right predictions; not reported for regression) and the test fields (`test_metrics`).
 
-    Raises NanLoss when a loss or accuracy is not a finite number (the training ones only when
-    not `evaluated`: a data parallel rank other than 0 has no test metrics)."""
+    Raises NanLoss when a loss, accuracy or score is not a finite number (the training ones only
+    when not `evaluated`: a data parallel rank other than 0 has no test metrics)."""
     metrics = EpochMetrics(
         epoch=epoch,
         train_loss=loss_sum / steps,
-        train_accuracy=correct / (steps * batch_size),
-        test_loss=test_loss,
-        test_accuracy=test_accuracy,
+        train_accuracy=correct / (steps * batch_size) if task == "classification" else None,
+        test_loss=test["test_loss"],  # type: ignore[arg-type]  # test_metrics always sets it
+        test_accuracy=test.get("test_accuracy"),
         epoch_time_s=epoch_time_s,
         eval_time_s=eval_time_s,
         samples_per_s=steps * batch_size / epoch_time_s,
         learning_rate=learning_rate,
+        test_rmse=test.get("test_rmse"),
+        test_mae=test.get("test_mae"),
+        test_r2=test.get("test_r2"),
     )
     check_finite(metrics, FINITE_METRICS if evaluated else ("train_loss", "train_accuracy"))
     return metrics
@@ -248,15 +285,63 @@ def fit_timings(setup_s: float, compile_s: float, compilations: int, metrics: Se
     }
 
 
+def final_result(last: EpochMetrics, first_step_loss: float) -> dict[str, float]:
+    """FitResult.result: the last epoch's test metrics the task has, and the first step's loss."""
+    names = ("test_loss", "test_accuracy", "test_rmse", "test_mae", "test_r2")
+    scores = {name: getattr(last, name) for name in names if getattr(last, name) is not None}
+    return {**scores, "first_step_loss": first_step_loss}
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """What turns a raw example into the model's input, written to preprocessing.json so that
+    downloaded weights reproduce the reported metrics:
+
+        x = raw.reshape(N, -1).astype(float32) * scale      # images: (row, column, channel) order
+        x = (x - mean) / where(std > 0, std, 1)             # when standardize
+
+    input_shape: one raw example's shape ([D] or [H, W, C]); scale: 1/255 for uint8 images, 1 for
+    tables; mean, std: float32 [D] of the training examples (None when not standardized)."""
+
+    input_shape: tuple[int, ...]
+    scale: float
+    mean: np.ndarray | None
+    std: np.ndarray | None
+
+    @classmethod
+    def of(cls, data: Dataset) -> Preprocessing | None:
+        """The preprocessing of an uploaded or standardized dataset; None for a built-in one as
+        is (its inputs are the raw values scaled to [0, 1], as documented in trainers/data.py)."""
+        if data.mean is None and not data.uploaded:
+            return None
+        return cls(data.input_shape, data.scale, data.mean, data.std)
+
+    def to_json(self) -> dict:
+        standardized = self.mean is not None and self.std is not None
+        return {
+            "input_shape": list(self.input_shape),
+            "scale": self.scale,
+            "standardize": standardized,
+            "mean": self.mean.tolist() if standardized else None,  # type: ignore[union-attr]
+            "std": self.std.tolist() if standardized else None,  # type: ignore[union-attr]
+        }
+
+
 WEIGHTS_FILE = "weights.safetensors"
 METRICS_FILE = "metrics.json"
 SPEC_FILE = "spec.json"
+PREPROCESSING_FILE = "preprocessing.json"
 
 
 def write_common_artifacts(
-    workdir: Path, weights: Weights, metrics: Sequence[EpochMetrics], spec: JobSpec
+    workdir: Path,
+    weights: Weights,
+    metrics: Sequence[EpochMetrics],
+    spec: JobSpec,
+    preprocessing: Preprocessing | None = None,
 ) -> list[str]:
-    """Write weights.safetensors, metrics.json and spec.json into `workdir`; return their names.
+    """Write weights.safetensors, metrics.json, spec.json (and preprocessing.json when given) into
+    `workdir`; return their names.
 
     weights.safetensors holds `weights` (float32, PyTorch names and shapes) whichever framework
     trained them; metrics.json is the list of per-epoch metrics; spec.json the normalised spec.
@@ -269,7 +354,10 @@ def write_common_artifacts(
     save_file(tensors, workdir / WEIGHTS_FILE, metadata={"format": "pt", "framework": spec.framework})
     (workdir / METRICS_FILE).write_text(json.dumps([m.to_dict() for m in metrics], indent=2, allow_nan=False))
     (workdir / SPEC_FILE).write_text(spec.model_dump_json(indent=2))
-    return [WEIGHTS_FILE, METRICS_FILE, SPEC_FILE]
+    if preprocessing is None:
+        return [WEIGHTS_FILE, METRICS_FILE, SPEC_FILE]
+    (workdir / PREPROCESSING_FILE).write_text(json.dumps(preprocessing.to_json(), allow_nan=False))
+    return [WEIGHTS_FILE, METRICS_FILE, SPEC_FILE, PREPROCESSING_FILE]
 
 
 def read_weights(path: Path) -> Weights:

@@ -1,7 +1,9 @@
 """Datasets as numpy arrays, the same for both frameworks.
 
-Every dataset comes out as flat float32 features in [0, 1] and int32 class labels, split into
-train and test, limited to the first `train_limit`/`test_limit` examples of each split.
+Every dataset comes out as flat float32 features (the built-in ones in [0, 1]) and int32 class
+labels (or float32 regression targets), split into train and test, limited to the first
+`train_limit`/`test_limit` examples of each split. Uploaded datasets are read from the file a
+worker fetched (trainers/dataset_file.py).
 
 MNIST-format data (`mnist`, `fashion-mnist`) is read from IDX files (gzip-compressed or raw),
 looked up in this order:
@@ -20,12 +22,13 @@ from __future__ import annotations
 
 import functools
 import gzip
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from trainers.spec import DatasetSpec
+from trainers import dataset_file as stored
+from trainers.spec import BUILT_IN, DatasetSpec, held_out
 
 
 class DataNotFound(Exception):
@@ -41,11 +44,14 @@ class DataNotFound(Exception):
 
 @dataclass
 class Dataset:
-    """A classification dataset split into train and test.
+    """A dataset split into train and test, as the models see it.
 
-    x_train: float32 [N, D] in [0, 1]; y_train: int32 [N] in [0, num_classes).
-    x_test: float32 [M, D]; y_test: int32 [M]. Arrays may be read-only views of a cache
-    shared by every job of the process: copy before writing to them.
+    x_train: float32 [N, D] (images flattened in (row, column, channel) order); y_train: int32
+    [N] in [0, num_classes) for classification, float32 [N] targets for regression.
+    x_test: float32 [M, D]; y_test: [M]. input_shape: one example's shape ([D] or [H, W, C]).
+    mean, std: float32 [D], the training examples' moments the features were standardized with
+    (None when they were not). uploaded: read from a user's dataset file. Arrays may be read-only
+    views of a cache shared by every job of the process: copy before writing to them.
     """
 
     x_train: np.ndarray
@@ -53,28 +59,100 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    input_shape: tuple[int, ...] = ()
+    task: str = "classification"
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+    uploaded: bool = False
+    scale: float = 1.0  # what the raw values were multiplied by (1/255 for uploaded uint8 images)
 
     @property
     def in_features(self) -> int:
         return self.x_train.shape[1]
 
+    @property
+    def outputs(self) -> int:
+        """The model's output units: a logit per class, or one predicted value."""
+        return self.num_classes if self.task == "classification" else 1
 
-def load_dataset(spec: DatasetSpec, data_dir: Path | None = None) -> Dataset:
-    """Load `spec.name` and keep the first `train_limit`/`test_limit` examples of each split.
 
+VALIDATION_SEED = 0  # the validation split's shuffle: fixed, so every job of a dataset holds out the same examples
+
+
+def load_dataset(spec: DatasetSpec, data_dir: Path | None = None, dataset_file: Path | None = None) -> Dataset:
+    """Load the dataset `spec` names, hold out `validation_split`, keep the first
+    `train_limit`/`test_limit` examples of each split and standardize when `spec` says so.
+
+    An uploaded dataset (`spec.id`) is read from `dataset_file` (trainers.dataset_file's form).
     Raises DataNotFound for mnist/fashion-mnist when the IDX files are neither in `data_dir`
-    nor in the OS location and cannot be downloaded.
+    nor in the OS location and cannot be downloaded, or for an uploaded dataset without its file.
     """
-    if spec.name == "synthetic":
-        # Generated at exactly the requested size; the first N examples do not depend on it.
-        return _synthetic(spec.train_limit or SYNTHETIC_TRAIN, spec.test_limit or SYNTHETIC_TEST)
-    full = _digits() if spec.name == "digits" else _mnist_format(spec.name, data_dir)
-    return Dataset(
+    full = _full_dataset(spec, data_dir, dataset_file)
+    if spec.validation_split is not None:
+        full = _hold_out(full, spec.validation_split)
+    data = replace(
+        full,
         x_train=full.x_train[: spec.train_limit],
         y_train=full.y_train[: spec.train_limit],
         x_test=full.x_test[: spec.test_limit],
         y_test=full.y_test[: spec.test_limit],
-        num_classes=full.num_classes,
+    )
+    if not spec.uses_standardize:
+        return data
+    mean, std = stored.moments(data.x_train)
+    return replace(
+        data,
+        x_train=stored.standardize(data.x_train, mean, std),
+        x_test=stored.standardize(data.x_test, mean, std),
+        mean=mean,
+        std=std,
+    )
+
+
+def _full_dataset(spec: DatasetSpec, data_dir: Path | None, dataset_file: Path | None) -> Dataset:
+    if spec.name == "synthetic":
+        # Generated at exactly the requested size; the first N examples do not depend on it.
+        return _synthetic(spec.train_limit or SYNTHETIC_TRAIN, spec.test_limit or SYNTHETIC_TEST)
+    if spec.name == "digits":
+        return _digits()
+    if spec.name is not None:
+        return _mnist_format(spec.name, data_dir)
+    if dataset_file is None or not dataset_file.is_file():
+        raise DataNotFound(f"dataset {spec.id} was not fetched to this worker", f"dataset_file {dataset_file}")
+    return _uploaded(dataset_file)
+
+
+def _uploaded(path: Path) -> Dataset:
+    arrays = stored.read(path)
+    empty = arrays.x_train[:0]
+    x_test = arrays.x_test if arrays.x_test is not None else empty
+    y_test = arrays.y_test if arrays.y_test is not None else arrays.y_train[:0]
+    return Dataset(
+        x_train=stored.features(arrays.x_train),
+        y_train=arrays.y_train,
+        x_test=stored.features(x_test),
+        y_test=y_test,
+        num_classes=arrays.num_classes,
+        input_shape=tuple(arrays.input_shape),
+        task=arrays.task,
+        uploaded=True,
+        scale=1 / 255 if arrays.is_image else 1.0,
+    )
+
+
+def _hold_out(full: Dataset, validation_split: float) -> Dataset:
+    """The training split less `held_out` examples chosen by a fixed shuffle, which become the
+    test split (an uploaded test split is then not used). Both keep the training split's order."""
+    n = len(full.x_train)
+    order = np.random.default_rng(VALIDATION_SEED).permutation(n)
+    count = held_out(n, validation_split)
+    held, kept = np.sort(order[:count]), np.sort(order[count:])
+    return replace(
+        full,
+        x_train=full.x_train[kept],
+        y_train=full.y_train[kept],
+        x_test=full.x_train[held],
+        y_test=full.y_train[held],
     )
 
 
@@ -91,6 +169,13 @@ _DATA_SUBDIRS = {"fashion-mnist": ["fashion-mnist", "FashionMNIST/raw"], "mnist"
 _OS_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist", "mnist": "/usr/share/datasets/mnist"}
 _APT_PACKAGES = {"fashion-mnist": "dataset-fashion-mnist"}  # Debian packages no MNIST
 _TORCHVISION_CLASSES = {"fashion-mnist": "FashionMNIST", "mnist": "MNIST"}
+
+
+def installed_built_ins(data_dir: Path | None = None) -> list[str]:
+    """The built-in datasets this process can load without a download: MNIST-format ones whose
+    files are in `data_dir` or the OS location, and those generated or bundled (digits, synthetic)."""
+    found = [name for name in _DATA_SUBDIRS if _find_idx_folder(name, data_dir) is not None]
+    return [*found, "digits", "synthetic"]
 
 
 def download_dir(data_dir: Path | None) -> Path:
@@ -112,6 +197,7 @@ def _mnist_format(name: str, data_dir: Path | None) -> Dataset:
         x_test=arrays["x_test"],
         y_test=arrays["y_test"],
         num_classes=10,
+        input_shape=BUILT_IN[name].input_shape,
     )
 
 
@@ -247,7 +333,7 @@ def _digits() -> Dataset:
     )
     for array in (x_train, x_test, y_train, y_test):
         array.setflags(write=False)
-    return Dataset(x_train, y_train, x_test, y_test, num_classes=10)
+    return Dataset(x_train, y_train, x_test, y_test, num_classes=10, input_shape=BUILT_IN["digits"].input_shape)
 
 
 SYNTHETIC_TRAIN = 10000
@@ -268,4 +354,6 @@ def _synthetic(n_train: int, n_test: int) -> Dataset:
 
     x_train, y_train = split(1, n_train)
     x_test, y_test = split(2, n_test)
-    return Dataset(x_train, y_train, x_test, y_test, num_classes=SYNTHETIC_CLASSES)
+    return Dataset(
+        x_train, y_train, x_test, y_test, num_classes=SYNTHETIC_CLASSES, input_shape=BUILT_IN["synthetic"].input_shape
+    )

@@ -7,7 +7,6 @@ flax names the Dense layers `layers_0`, `layers_1`, ... with `kernel` [in, out] 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -18,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trainers.common import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, Weights, describe, read_weights
+from trainers.common import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, Weights, describe, image_shape, read_weights
 from trainers.spec import CONV_KERNEL, ModelSpec
 
 
@@ -117,7 +116,8 @@ class PatchConv(nn.Module):
 
 
 class CNN(MLP):
-    """x float32 [B, side*side] -> [B, side, side, 1] (NHWC) -> per `channels`: 3x3 conv ("SAME"),
+    """x float32 [B, H*W*C] -> [B, H, W, C] (NHWC; `image` = (H, W, C), default a square
+    one-channel image of the features) -> per `channels`: 3x3 conv ("SAME"),
     [batch norm], ReLU, 2x2 max pool -> flattened in PyTorch's (C, H, W) order -> the MLP head.
 
     Conv kernels are `convs_i.kernel` [3, 3, in, out] (HWIO); the weights files hold them as
@@ -126,11 +126,12 @@ class CNN(MLP):
 
     channels: Sequence[int] = (32, 64)
     conv_as_matmul: bool = False  # PatchConv instead of nn.Conv (on the CPU: see PatchConv)
+    image: tuple[int, ...] = ()
 
     @nn.compact
     def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-        side = math.isqrt(x.shape[-1])
-        x = x.reshape(x.shape[0], side, side, 1).astype(self.dtype)
+        height, width, channels = image_shape(self.image or x.shape[-1])
+        x = x.reshape(x.shape[0], height, width, channels).astype(self.dtype)
         for i, channels in enumerate(self.channels):
             if self.conv_as_matmul:
                 x = PatchConv(channels, name=f"convs_{i}", dtype=self.dtype)(x)
@@ -145,8 +146,11 @@ class CNN(MLP):
         return self.head(x, train)
 
 
-def build(model: ModelSpec, num_classes: int, dtype: Any = jnp.float32) -> MLP:
-    """The flax module `model` describes (inputs come flat; a cnn reshapes them to a square image)."""
+def build(
+    model: ModelSpec, num_classes: int, dtype: Any = jnp.float32, input_shape: Sequence[int] | None = None
+) -> MLP:
+    """The flax module `model` describes with `num_classes` outputs (1 for regression). Inputs come
+    flat; a cnn reshapes them to `input_shape` [H, W, C] (default: a square one-channel image)."""
     common = dict(
         hidden_sizes=tuple(model.hidden_sizes),
         num_classes=num_classes,
@@ -155,7 +159,8 @@ def build(model: ModelSpec, num_classes: int, dtype: Any = jnp.float32) -> MLP:
         dtype=dtype,
     )
     if model.name == "cnn":
-        return CNN(channels=tuple(model.channels), conv_as_matmul=jax.default_backend() == "cpu", **common)
+        image = tuple(input_shape) if input_shape is not None and len(input_shape) == 3 else ()
+        return CNN(channels=tuple(model.channels), conv_as_matmul=jax.default_backend() == "cpu", image=image, **common)
     return MLP(**common)
 
 
@@ -227,10 +232,11 @@ def _order(name: str) -> tuple:
     return (major, int(index), minor, kinds.index(kind))
 
 
-def load_weights(path: Path, dropout: float = 0.0) -> tuple[MLP, dict]:
+def load_weights(path: Path, dropout: float = 0.0, input_shape: Sequence[int] | None = None) -> tuple[MLP, dict]:
     """(model, variables) from a weights.safetensors file written by either trainer: the flax
     variables as `model.init` lays them out ({"params": ...}, and "batch_stats" with batch norm),
-    ready for `model.apply(variables, x, train=False)` and `evaluate`.
+    ready for `model.apply(variables, x, train=False)` and `evaluate`. A cnn's images are
+    `input_shape` [H, W, C] (the job's spec.json; default: square, one channel).
 
     The architecture is read from the tensor shapes. Raises ValueError for other tensor names.
     """
@@ -243,7 +249,7 @@ def load_weights(path: Path, dropout: float = 0.0) -> tuple[MLP, dict]:
         channels=info["channels"] or [1],
         batch_norm=info["batch_norm"],
     )
-    model = build(spec, info["num_classes"])
+    model = build(spec, info["num_classes"], input_shape=input_shape)
     return model, variables_from_weights(weights)
 
 
@@ -257,9 +263,22 @@ def _variables(params: dict) -> dict:
 EVAL_BATCH = 1000
 
 
-def eval_metrics(model: MLP, params: dict, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Traceable (mean cross-entropy in nats, accuracy in [0, 1]) of `model` on x [N, D], y [N],
-    EVAL_BATCH examples at a time (`jax.lax.map` over the batches; the last padded and masked)."""
+def losses(logits: jax.Array, y: jax.Array, task: str) -> tuple[jax.Array, jax.Array]:
+    """Per-example (loss, score) for logits [B, outputs] and targets y [B]: classification's
+    cross-entropy in nats and whether the argmax is right; regression's squared error and
+    absolute error of the single output."""
+    if task == "regression":
+        error = logits[:, 0] - y
+        return error * error, jnp.abs(error)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y), jnp.argmax(logits, axis=-1) == y
+
+
+def eval_metrics(
+    model: MLP, params: dict, x: jax.Array, y: jax.Array, task: str = "classification"
+) -> tuple[jax.Array, jax.Array]:
+    """Traceable (mean loss, mean score) of `model` on x [N, D], y [N] (see `losses`: cross-entropy
+    and accuracy, or squared and absolute error), EVAL_BATCH examples at a time (`jax.lax.map`
+    over the batches; the last padded and masked)."""
     n = x.shape[0]
     batches = -(-n // EVAL_BATCH)
     pad = batches * EVAL_BATCH - n
@@ -270,14 +289,17 @@ def eval_metrics(model: MLP, params: dict, x: jax.Array, y: jax.Array) -> tuple[
     def sums(batch: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         xb, yb, realb = batch
         logits = cast(jax.Array, model.apply(_variables(params), xb, train=False))  # not mutable: logits only
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb)
-        return jnp.sum(jnp.where(realb, loss, 0.0)), jnp.sum(realb & (jnp.argmax(logits, axis=-1) == yb))
+        loss, score = losses(logits, yb, task)
+        return jnp.sum(jnp.where(realb, loss, 0.0)), jnp.sum(jnp.where(realb, score, 0.0))
 
-    losses, correct = jax.lax.map(sums, (x, y, real))
-    return losses.sum() / n, correct.sum() / n
+    loss_sums, scores = jax.lax.map(sums, (x, y, real))
+    return loss_sums.sum() / n, scores.sum() / n
 
 
-def evaluate(model: MLP, params: dict, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(mean cross-entropy in nats, accuracy in [0, 1]) over the whole of x [N, D], y [N]."""
-    loss, accuracy = jax.jit(eval_metrics, static_argnums=0)(model, params, x, y)
-    return float(loss), float(accuracy)
+def evaluate(
+    model: MLP, params: dict, x: np.ndarray, y: np.ndarray, task: str = "classification"
+) -> tuple[float, float]:
+    """(mean loss, mean score) over the whole of x [N, D], y [N]: (cross-entropy in nats, accuracy
+    in [0, 1]) for classification, (squared error, absolute error) for regression."""
+    loss, score = jax.jit(eval_metrics, static_argnums=(0, 4))(model, params, x, y, task)
+    return float(loss), float(score)

@@ -36,9 +36,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainers import jax_checkpoint
 from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, RunOptions, ShouldStop
-from trainers.common import epoch_batches, fit_timings, init_weights, summarize_epoch, write_common_artifacts
+from trainers.common import (
+    Preprocessing,
+    epoch_batches,
+    final_result,
+    fit_timings,
+    init_weights,
+    summarize_epoch,
+    target_variance,
+    test_metrics,
+    write_common_artifacts,
+)
 from trainers.data import load_dataset
-from trainers.jax_models import MLP, build, eval_metrics, variables_from_weights, weights_from_params
+from trainers.jax_models import MLP, build, eval_metrics, losses, variables_from_weights, weights_from_params
 from trainers.spec import JobSpec
 
 if TYPE_CHECKING:  # for annotations only: no import at run time
@@ -80,18 +90,18 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
             run, run_chunk, state, epoch, pace, should_stop
         )
         first_step_loss = step0_loss if epoch == 1 else first_step_loss
-        test_loss, test_accuracy, eval_time_s = evaluate(run, state)
+        test, eval_time_s = evaluate(run, state)
         epoch_metrics = summarize_epoch(
             epoch,
             loss_sum=loss_sum,
             correct=correct,
             steps=run.steps,
             batch_size=spec.batch_size,
-            test_loss=test_loss,
-            test_accuracy=test_accuracy,
+            test=test,
             epoch_time_s=epoch_time_s,
             eval_time_s=eval_time_s,
             learning_rate=run.learning_rate((epoch - 1) * run.steps),
+            task=run.task,
         )
         metrics.append(epoch_metrics)
         checkpoints.save(epoch, state, metrics, first_step_loss)
@@ -101,18 +111,15 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
     return FitResult(
         metrics=metrics,
         timings={**fit_timings(setup_s, compile_s, compilations, metrics), "checkpoint_s": checkpoints.seconds},
-        result={
-            "test_accuracy": metrics[-1].test_accuracy,
-            "test_loss": metrics[-1].test_loss,
-            "first_step_loss": first_step_loss,
-        },
-        artifacts=save_artifacts(workdir, spec, state, metrics),
+        result=final_result(metrics[-1], first_step_loss),
+        artifacts=save_artifacts(workdir, spec, state, metrics, run.preprocessing),
         device=_device_info(run.mesh),
     )
 
 
 class DeviceData(NamedTuple):
-    """The dataset on the device (replicated over the mesh): x float32 [N, D], y int32 [N]."""
+    """The dataset on the device (replicated over the mesh): x float32 [N, D], y [N] (int32
+    classes, or float32 regression targets)."""
 
     x_train: jax.Array
     y_train: jax.Array
@@ -136,6 +143,9 @@ class Run:
     batch_size: int
     steps: int  # optimizer steps per epoch
     chunk_steps: int  # steps per compiled call
+    task: str = "classification"
+    target_variance: float = 0.0  # of the test targets (regression's R^2)
+    preprocessing: Preprocessing | None = None
 
 
 def prepare(spec: JobSpec, options: RunOptions) -> Run:
@@ -144,7 +154,7 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
     # replicated, each step's batch is split along "data", and XLA reduces the gradients.
     mesh = _mesh(spec.devices, spec.hardware)
     replicated = NamedSharding(mesh, PartitionSpec())
-    dataset = load_dataset(spec.dataset, options.data_dir)
+    dataset = load_dataset(spec.dataset, options.data_dir, options.dataset_file)
     # The data goes to the device once; batches are gathered there by index.
     data = DeviceData(
         *(
@@ -153,15 +163,18 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
         )
     )
     steps = len(dataset.x_train) // spec.batch_size
-    model = build_model(spec, dataset.num_classes)
-    state, learning_rate = create_train_state(spec, model, dataset.in_features, dataset.num_classes, steps, replicated)
+    model = build_model(spec, dataset.outputs, dataset.input_shape)
+    state, learning_rate = create_train_state(spec, model, dataset.input_shape, dataset.outputs, steps, replicated)
     evaluate_program = (
-        jax.jit(partial(eval_metrics, model)).lower(_eval_variables(state), data.x_test, data.y_test).compile()
+        jax.jit(partial(eval_metrics, model, task=dataset.task))
+        .lower(_eval_variables(state), data.x_test, data.y_test)
+        .compile()
     )
     step_options = StepOptions(
         batch_sharding=NamedSharding(mesh, PartitionSpec("data")) if spec.devices > 1 else None,
         privacy_clip_norm=spec.privacy.clip_norm if spec.privacy else None,
         privacy_noise_multiplier=spec.privacy.noise_multiplier if spec.privacy else 0.0,
+        task=dataset.task,
     )
     return Run(
         mesh=mesh,
@@ -175,21 +188,29 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
         batch_size=spec.batch_size,
         steps=steps,
         chunk_steps=_chunk_steps(steps),
+        task=dataset.task,
+        target_variance=target_variance(dataset.y_test),
+        preprocessing=Preprocessing.of(dataset),
     )
 
 
-def build_model(spec: JobSpec, num_classes: int) -> MLP:
+def build_model(spec: JobSpec, outputs: int, input_shape: tuple[int, ...] = ()) -> MLP:
     """The flax module; bf16: params and optimizer state stay float32, the model computes in bfloat16."""
-    return build(spec.model, num_classes, jnp.bfloat16 if spec.precision == "bf16" else jnp.float32)
+    return build(spec.model, outputs, jnp.bfloat16 if spec.precision == "bf16" else jnp.float32, input_shape or None)
 
 
 def create_train_state(
-    spec: JobSpec, model: MLP, in_features: int, num_classes: int, steps_per_epoch: int, sharding: NamedSharding
+    spec: JobSpec,
+    model: MLP,
+    input_shape: int | tuple[int, ...],
+    outputs: int,
+    steps_per_epoch: int,
+    sharding: NamedSharding,
 ) -> tuple[TrainState, Callable[[int], float]]:
     """The initial TrainState of `model` (BatchNormTrainState with batch norm), placed with
     `sharding`, and the learning rate of each step. Initial weights come from numpy
     (common.init_weights), so a PyTorch job with this spec starts from the same ones."""
-    variables = variables_from_weights(init_weights(spec.model, in_features, num_classes, spec.seed))
+    variables = variables_from_weights(init_weights(spec.model, input_shape, outputs, spec.seed))
     optimizer, learning_rate = make_optimizer(spec, steps_per_epoch)
     if "batch_stats" in variables:
         create = partial(
@@ -244,13 +265,13 @@ def train_epoch(
     return state, sums, epoch_time_s
 
 
-def evaluate(run: Run, state: TrainState) -> tuple[float, float, float]:
-    """(mean test cross-entropy in nats, test accuracy, seconds it took) of `state`."""
+def evaluate(run: Run, state: TrainState) -> tuple[dict[str, float | None], float]:
+    """(the test metrics of `state`, common.test_metrics, and the seconds they took)."""
     eval_start = time.perf_counter()
-    test_loss, test_accuracy = (
+    loss, score = (
         float(v) for v in jax.device_get(run.evaluate(_eval_variables(state), run.data.x_test, run.data.y_test))
     )
-    return test_loss, test_accuracy, time.perf_counter() - eval_start
+    return test_metrics(run.task, loss, score, run.target_variance), time.perf_counter() - eval_start
 
 
 class Checkpoints:
@@ -268,11 +289,20 @@ class Checkpoints:
         self.programs += _programs_built - programs_before
 
 
-def save_artifacts(workdir: Path, spec: JobSpec, state: TrainState, metrics: list[EpochMetrics]) -> list[str]:
-    """weights.safetensors, metrics.json, spec.json (common.write_common_artifacts) and
-    params.msgpack: every collection the model needs, laid out as model.init returns them."""
+def save_artifacts(
+    workdir: Path,
+    spec: JobSpec,
+    state: TrainState,
+    metrics: list[EpochMetrics],
+    preprocessing: Preprocessing | None = None,
+) -> list[str]:
+    """weights.safetensors, metrics.json, spec.json (common.write_common_artifacts, with
+    preprocessing.json when the inputs were standardized) and params.msgpack: every collection
+    the model needs, laid out as model.init returns them."""
     batch_stats = getattr(state, "batch_stats", None)
-    artifacts = write_common_artifacts(workdir, weights_from_params(state.params, batch_stats), metrics, spec)
+    artifacts = write_common_artifacts(
+        workdir, weights_from_params(state.params, batch_stats), metrics, spec, preprocessing
+    )
     variables = {"params": state.params, **({"batch_stats": batch_stats} if batch_stats else {})}
     (workdir / PARAMS_FILE).write_bytes(to_bytes(jax.device_get(variables)))
     return [*artifacts, PARAMS_FILE]
@@ -296,15 +326,16 @@ class StepOptions:
     batch_sharding: NamedSharding | None = None
     privacy_clip_norm: float | None = None
     privacy_noise_multiplier: float = 0.0
+    task: str = "classification"
 
 
 def train_step(
     state: TrainState, batch: tuple[jax.Array, jax.Array], key: jax.Array, options: StepOptions = StepOptions()
 ) -> tuple[TrainState, tuple[jax.Array, jax.Array]]:
-    """One optimizer step on batch (x [B, D] float32, y [B] int32); `key` drives dropout (and the
-    privacy noise, from key folded with 1).
+    """One optimizer step on batch (x [B, D] float32, y [B]: int32 classes or float32 targets);
+    `key` drives dropout (and the privacy noise, from key folded with 1).
 
-    Returns the new state and (mean cross-entropy of the batch in nats, correct predictions).
+    Returns the new state and (the batch's mean loss, its summed score: jax_models.losses).
     """
     x, y = batch
     if options.batch_sharding is not None:
@@ -326,10 +357,11 @@ def train_step(
             )
         else:
             logits, updates = state.apply_fn({"params": params}, x, train=True, rngs={"dropout": key}), None
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), (logits, updates)
+        per_example, score = losses(logits, y, options.task)
+        return per_example.mean(), (score, updates)
 
-    (loss, (logits, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    correct = jnp.sum(jnp.argmax(logits, axis=-1) == y)
+    (loss, (score, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    correct = jnp.sum(score)
     state = state.apply_gradients(grads=grads)
     if batch_norm:
         state = state.replace(batch_stats=updates["batch_stats"])
@@ -346,10 +378,11 @@ def _private_step(
 
     def example_loss(params: Any, x1: jax.Array, y1: jax.Array, dropout_key: jax.Array) -> tuple[jax.Array, jax.Array]:
         logits = state.apply_fn({"params": params}, x1[None], train=True, rngs={"dropout": dropout_key})
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y1[None])[0], logits[0]
+        loss, score = losses(logits, y1[None], options.task)
+        return loss[0], score[0]
 
     dropout_keys = jax.random.split(key, batch)
-    (losses, logits), grads = jax.vmap(jax.value_and_grad(example_loss, has_aux=True), in_axes=(None, 0, 0, 0))(
+    (example_losses, scores), grads = jax.vmap(jax.value_and_grad(example_loss, has_aux=True), in_axes=(None, 0, 0, 0))(
         state.params, x, y, dropout_keys
     )
     norms = jnp.sqrt(sum(jnp.sum(g.reshape(batch, -1) ** 2, axis=1) for g in jax.tree.leaves(grads)))
@@ -365,7 +398,7 @@ def _private_step(
         for g, k in zip(leaves, noise_keys)
     ]
     state = state.apply_gradients(grads=jax.tree.unflatten(treedef, noised))
-    return state, (losses.mean(), jnp.sum(jnp.argmax(logits, axis=-1) == y))
+    return state, (example_losses.mean(), jnp.sum(scores))
 
 
 def make_optimizer(spec: JobSpec, steps_per_epoch: int) -> tuple[optax.GradientTransformation, Callable[[int], float]]:

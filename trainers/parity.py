@@ -11,7 +11,9 @@ ATen sum the matmuls in other orders. The check:
    longer runs while a real difference (another learning rate, a wrong loss, a missed
    zero_grad) shows up as tens of percent within the first epoch;
 3. the two sets of final weights predict the same class for at least PREDICTION_AGREEMENT of
-   the test set (measured: 97.9% after one epoch of Fashion-MNIST, 100% on digits).
+   the test set (measured: 97.9% after one epoch of Fashion-MNIST, 100% on digits); for
+   regression, their predictions' RMS difference is at most PREDICTION_RMS_TOLERANCE of the
+   test targets' standard deviation.
 
 With dropout on, each framework draws its own masks, so only (3) is meaningful; (1) and (2)
 are reported as not checked.
@@ -20,6 +22,7 @@ are reported as not checked.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,33 +31,49 @@ from trainers.common import forward
 FIRST_STEP_ATOL = 1e-5
 EPOCH_LOSS_RTOL = 0.02
 PREDICTION_AGREEMENT = 0.95
+PREDICTION_RMS_TOLERANCE = 0.05
 
 
-def predict(weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+def predict(weights: dict[str, np.ndarray], x: np.ndarray, input_shape: Sequence[int] | None = None) -> np.ndarray:
     """Class predictions [N] of the model in `weights` (PyTorch names: layers.i.weight [out, in],
-    convs.i.weight [out, in, 3, 3], ...) for flat inputs x [N, in_features]."""
-    return forward(weights, x).argmax(axis=1)
+    convs.i.weight [out, in, 3, 3], ...) for flat inputs x [N, in_features] (a cnn's images are
+    `input_shape` [H, W, C])."""
+    return forward(weights, x, input_shape).argmax(axis=1)
 
 
-def check(jax_run: dict, torch_run: dict, x_test: np.ndarray, dropout: float) -> dict:
+def check(
+    jax_run: dict,
+    torch_run: dict,
+    x_test: np.ndarray,
+    dropout: float,
+    *,
+    y_test: np.ndarray | None = None,
+    task: str = "classification",
+    input_shape: Sequence[int] | None = None,
+) -> dict:
     """Compare two runs. Each run is {"first_step_loss": float, "train_losses": [float per epoch],
-    "weights": {name: array}}. Returns {"passed": bool, "checks": [...], "message": str}."""
+    "weights": {name: array}}; `x_test` [N, D] as the models see it (y_test [N]: the regression
+    targets). Returns {"passed": bool, "checks": [...], "message": str}."""
     checks = []
     if dropout == 0:
         first_diff = abs(jax_run["first_step_loss"] - torch_run["first_step_loss"])
         checks.append(_check("first step loss", first_diff, FIRST_STEP_ATOL, "absolute difference"))
         rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(jax_run["train_losses"], torch_run["train_losses"])]
         checks.append(_check("epoch train loss", max(rel, default=0.0), EPOCH_LOSS_RTOL, "largest relative difference"))
-    agreement = float(np.mean(predict(jax_run["weights"], x_test) == predict(torch_run["weights"], x_test)))
-    checks.append(
-        {
-            "name": "test predictions agree",
-            "value": agreement,
-            "tolerance": PREDICTION_AGREEMENT,
-            "measure": "fraction of the test set",
-            "passed": agreement >= PREDICTION_AGREEMENT,
-        }
-    )
+    if task == "regression":
+        checks.append(_regression_agreement(jax_run["weights"], torch_run["weights"], x_test, y_test, input_shape))
+    else:
+        same = predict(jax_run["weights"], x_test, input_shape) == predict(torch_run["weights"], x_test, input_shape)
+        agreement = float(np.mean(same))
+        checks.append(
+            {
+                "name": "test predictions agree",
+                "value": agreement,
+                "tolerance": PREDICTION_AGREEMENT,
+                "measure": "fraction of the test set",
+                "passed": agreement >= PREDICTION_AGREEMENT,
+            }
+        )
     failed = [c["name"] for c in checks if not c["passed"]]
     if failed:
         message = (
@@ -66,6 +85,21 @@ def check(jax_run: dict, torch_run: dict, x_test: np.ndarray, dropout: float) ->
             "" if dropout == 0 else " (dropout on: losses not compared step by step)"
         )
     return {"passed": not failed, "checks": checks, "message": message}
+
+
+def _regression_agreement(
+    jax_weights: dict, torch_weights: dict, x: np.ndarray, y: np.ndarray | None, input_shape: Sequence[int] | None
+) -> dict:
+    """RMS difference of the two models' predictions over the test targets' standard deviation."""
+    difference = forward(jax_weights, x, input_shape)[:, 0] - forward(torch_weights, x, input_shape)[:, 0]
+    spread = float(np.std(y)) if y is not None and len(y) else 0.0
+    value = float(np.sqrt(np.mean(difference.astype(np.float64) ** 2))) / (spread or 1.0)
+    return _check(
+        "test predictions agree",
+        value,
+        PREDICTION_RMS_TOLERANCE,
+        "RMS difference of the predictions / standard deviation of the test targets",
+    )
 
 
 def _check(name: str, value: float, tolerance: float, measure: str) -> dict:

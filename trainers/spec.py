@@ -10,6 +10,7 @@ batch size 128, 10 epochs, seed 0.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -81,16 +82,78 @@ class ModelSpec(_Strict):
         return self
 
 
+Task = Literal["classification", "regression"]
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+DATASET_ID_PATTERN = r"^ds_[0-9a-f]{32}$"
+
+
+class DatasetInfo(_Strict):
+    """What an uploaded dataset is, as the server recorded it at upload: filled in by the API
+    when a job names the dataset (a request may not set it), so the spec a worker runs and the
+    `spec.json` a job writes say exactly what it trained on.
+
+    input_shape: [D] (a table) or [H, W, C] (images); num_classes: 0 for regression;
+    train_size/test_size: examples of each split as uploaded (test_size 0: no test split)."""
+
+    sha256: Annotated[str, Field(pattern=SHA256_PATTERN)]
+    task: Task
+    input_shape: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1, max_length=3)]
+    num_classes: Annotated[int, Field(ge=0)]
+    train_size: Annotated[int, Field(ge=1)]
+    test_size: Annotated[int, Field(ge=0)]
+
+
 class DatasetSpec(_Strict):
-    """Which data to train on, optionally limited to the first N examples of each split.
+    """Which data to train on: a built-in dataset by `name`, or an uploaded one by `id` (see
+    POST /datasets), optionally limited to the first N examples of each split.
 
     `synthetic` draws `train_limit` (default 10000) and `test_limit` (default 2000) examples of
     784 features labelled by a fixed random linear teacher, for load and speed tests.
+
+    `validation_split` holds out that fraction of the training split (a fixed shuffle, the same
+    for every job) as the test split; a dataset uploaded without a test split needs it.
+    `standardize` scales each feature by the training examples' mean and standard deviation
+    (written to the job's preprocessing.json); on by default for uploaded datasets.
     """
 
-    name: DatasetName = "fashion-mnist"
+    name: DatasetName | None = "fashion-mnist"
+    id: Annotated[str, Field(pattern=DATASET_ID_PATTERN)] | None = _new(
+        None, description="An uploaded dataset (GET /datasets); leave name out."
+    )
     train_limit: Annotated[int, Field(ge=1, le=MAX_EXAMPLES)] | None = None
     test_limit: Annotated[int, Field(ge=1, le=MAX_EXAMPLES)] | None = None
+    validation_split: Annotated[float, Field(gt=0.0, le=0.5, allow_inf_nan=False)] | None = _new(None)
+    standardize: bool | None = _new(None, description="Default: on for uploaded datasets, off for built-in ones.")
+    info: DatasetInfo | None = _new(None, description="Set by the server from the uploaded dataset's record.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _id_or_name(cls, value: object) -> object:
+        if isinstance(value, dict) and value.get("id") is not None:
+            if value.get("name") is not None:
+                raise ValueError("name a built-in dataset or give an uploaded dataset's id, not both")
+            value = {**value, "name": None}
+        return value
+
+    @model_validator(mode="after")
+    def _has_test_split(self) -> DatasetSpec:
+        if self.name is None and self.id is None:
+            raise ValueError("give a built-in dataset's name or an uploaded dataset's id")
+        if self.info is not None and self.info.test_size == 0 and self.validation_split is None:
+            raise ValueError(
+                f"dataset {self.id} has no test split: set dataset.validation_split (e.g. 0.2) to hold out "
+                "part of the training split"
+            )
+        return self
+
+    @property
+    def label(self) -> str:
+        """How messages name the dataset: its built-in name or its id."""
+        return self.name or self.id or ""
+
+    @property
+    def uses_standardize(self) -> bool:
+        return self.standardize if self.standardize is not None else self.id is not None
 
 
 class OptimizerSpec(_Strict):
@@ -150,14 +213,65 @@ class PrivacySpec(_Strict):
 MAX_DEVICES = 64
 
 
-# Examples in the training split of each dataset, before train_limit. digits is split 80/20.
-TRAIN_SIZES = {"mnist": 60000, "fashion-mnist": 60000, "digits": 1437, "synthetic": 10000}
-TEST_SIZES = {"mnist": 10000, "fashion-mnist": 10000, "digits": 360, "synthetic": 2000}
+@dataclass(frozen=True)
+class DataShape:
+    """What a model needs to know of its data: the task, one example's shape ([D] or [H, W, C]),
+    the classes (0 for regression) and the examples of each split after the dataset spec's
+    validation_split and limits."""
+
+    task: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    train_size: int
+    test_size: int
+
+    @property
+    def features(self) -> int:
+        return math.prod(self.input_shape)
+
+    @property
+    def outputs(self) -> int:
+        """The model's output units: a logit per class, or the one predicted value."""
+        return self.num_classes if self.task == "classification" else 1
 
 
-# Input features and classes of each dataset (images are flattened: 28x28 -> 784, 8x8 -> 64).
-INPUT_FEATURES = {"mnist": 784, "fashion-mnist": 784, "digits": 64, "synthetic": 784}
-NUM_CLASSES = 10
+# The built-in datasets: images as the cnn sees them (synthetic's 784 features too), 10 classes,
+# the examples of each split before the limits (digits is split 80/20).
+BUILT_IN: dict[str, DataShape] = {
+    "mnist": DataShape("classification", (28, 28, 1), 10, 60000, 10000),
+    "fashion-mnist": DataShape("classification", (28, 28, 1), 10, 60000, 10000),
+    "digits": DataShape("classification", (8, 8, 1), 10, 1437, 360),
+    "synthetic": DataShape("classification", (28, 28, 1), 10, 10000, 2000),
+}
+
+
+def held_out(train_examples: int, validation_split: float) -> int:
+    """Examples of a training split of `train_examples` held out by `validation_split`: at least 1,
+    and at least 1 left to train on."""
+    return min(max(1, int(train_examples * validation_split)), train_examples - 1)
+
+
+def data_shape(dataset: DatasetSpec) -> DataShape | None:
+    """The DataShape of `dataset`; None for an uploaded dataset whose info the server has not yet
+    filled in (the API validates the spec again once it has)."""
+    if dataset.name is not None:
+        shape = BUILT_IN[dataset.name]
+        if dataset.name == "synthetic":  # generated at exactly the requested size
+            shape = replace(shape, train_size=dataset.train_limit or shape.train_size)
+            shape = replace(shape, test_size=dataset.test_limit or shape.test_size)
+    elif dataset.info is not None:
+        info = dataset.info
+        shape = DataShape(info.task, tuple(info.input_shape), info.num_classes, info.train_size, info.test_size)
+    else:
+        return None
+    if dataset.validation_split is not None:
+        held = held_out(shape.train_size, dataset.validation_split)
+        shape = replace(shape, train_size=shape.train_size - held, test_size=held)
+    return replace(
+        shape,
+        train_size=min(shape.train_size, dataset.train_limit or shape.train_size),
+        test_size=min(shape.test_size, dataset.test_limit or shape.test_size),
+    )
 
 
 class TrainingSpec(_Strict):
@@ -192,6 +306,21 @@ class TrainingSpec(_Strict):
 
     @model_validator(mode="after")
     def _model_fits(self) -> TrainingSpec:
+        shape = data_shape(self.dataset)
+        if shape is None:
+            return self
+        if self.model.name == "cnn":
+            if len(shape.input_shape) != 3:
+                raise ValueError(
+                    f"model cnn needs images ([H, W, C]) but dataset {self.dataset.label} has "
+                    f"{shape.features} features per example; use model mlp"
+                )
+            height, width, _ = shape.input_shape
+            if min(conv_output_sides(self)) < 1:
+                raise ValueError(
+                    f"model.channels has {len(self.model.channels)} conv layers, each halving the "
+                    f"{height}x{width} images of {self.dataset.label} to nothing; use fewer conv layers"
+                )
         if (count := parameter_count(self)) > MAX_PARAMETERS:
             raise ValueError(
                 f"model.hidden_sizes gives {count:,} parameters, more than the limit of {MAX_PARAMETERS:,}; "
@@ -201,12 +330,6 @@ class TrainingSpec(_Strict):
 
     @model_validator(mode="after")
     def _options_fit_together(self) -> TrainingSpec:
-        if self.model.name == "cnn" and conv_output_side(self) < 1:
-            raise ValueError(
-                f"model.channels has {len(self.model.channels)} conv layers, each halving the "
-                f"{image_side(self.dataset.name)}x{image_side(self.dataset.name)} image of {self.dataset.name} "
-                "to nothing; use fewer conv layers"
-            )
         if self.optimizer.warmup_epochs >= self.epochs:
             raise ValueError(
                 f"optimizer.warmup_epochs ({self.optimizer.warmup_epochs}) must be fewer than "
@@ -229,11 +352,11 @@ class TrainingSpec(_Strict):
 
     @model_validator(mode="after")
     def _batch_fits_training_set(self) -> TrainingSpec:
-        n = train_size(self.dataset)
-        if self.batch_size > n:
+        shape = data_shape(self.dataset)
+        if shape is not None and self.batch_size > shape.train_size:
             raise ValueError(
-                f"batch_size {self.batch_size} is larger than the training set ({n} examples of "
-                f"{self.dataset.name}); use a batch_size of at most {n}"
+                f"batch_size {self.batch_size} is larger than the training set ({shape.train_size} examples of "
+                f"{self.dataset.label}); use a batch_size of at most {shape.train_size}"
             )
         return self
 
@@ -275,10 +398,10 @@ def _check_batch_norm(spec: TrainingSpec) -> None:
     training step: its batch variance is then 0/0 (PyTorch refuses it; JAX's unbiased running
     variance divides by zero). A layer sees (batch per device) x (its feature map's area)
     values per channel: the area is 1 for a dense layer, side**2 for a conv layer."""
-    if not spec.model.batch_norm:
+    if not spec.model.batch_norm or data_shape(spec.dataset) is None:
         return
     per_device = spec.batch_size // spec.devices
-    areas = [side * side for side in conv_sides(spec)] if spec.model.name == "cnn" else []
+    areas = [height * width for height, width in conv_sides(spec)] if spec.model.name == "cnn" else []
     if spec.model.hidden_sizes:
         areas.append(1)
     if areas and per_device * min(areas) < 2:
@@ -327,54 +450,53 @@ class ComparisonSpec(TrainingSpec):
         return JobSpec(framework=framework, **self.model_dump())  # type: ignore[arg-type]
 
 
-def image_side(dataset: str) -> int:
-    """Side of the square one-channel image a cnn sees: 28 for MNIST-format data, 8 for digits."""
-    return math.isqrt(INPUT_FEATURES[dataset])
+def _shape(spec: TrainingSpec) -> DataShape:
+    shape = data_shape(spec.dataset)
+    if shape is None:
+        raise ValueError(f"dataset {spec.dataset.label} has no info yet: the server fills it in")
+    return shape
 
 
-def conv_sides(spec: TrainingSpec) -> list[int]:
-    """Side of each cnn conv layer's output ("same" padding: its input's side), before its pool."""
-    sides, side = [], image_side(spec.dataset.name)
+def conv_sides(spec: TrainingSpec) -> list[tuple[int, int]]:
+    """(height, width) of each cnn conv layer's output ("same" padding: its input's), before its pool."""
+    sides, (height, width) = [], _shape(spec).input_shape[:2]
     for _ in spec.model.channels:
-        sides.append(side)
-        side //= 2
+        sides.append((height, width))
+        height, width = height // 2, width // 2
     return sides
 
 
-def conv_output_side(spec: TrainingSpec) -> int:
-    """Side of the feature maps after the cnn's conv layers (each 2x2 pool floors half the side)."""
-    return image_side(spec.dataset.name) >> len(spec.model.channels)
+def conv_output_sides(spec: TrainingSpec) -> tuple[int, int]:
+    """(height, width) of the feature maps after the cnn's conv layers (each 2x2 pool floors half)."""
+    height, width = _shape(spec).input_shape[:2]
+    return height >> len(spec.model.channels), width >> len(spec.model.channels)
 
 
 def parameter_count(spec: TrainingSpec) -> int:
     """Trainable weights and biases of the model `spec` trains (batch norm: scale and shift)."""
-    model = spec.model
-    count, features = 0, INPUT_FEATURES[spec.dataset.name]
+    model, shape = spec.model, _shape(spec)
+    count, features = 0, shape.features
     if model.name == "cnn":
-        c_in = 1
+        c_in = shape.input_shape[2]
         for c_out in model.channels:
             count += c_in * CONV_KERNEL * CONV_KERNEL * c_out + c_out + (2 * c_out if model.batch_norm else 0)
             c_in = c_out
-        features = c_in * conv_output_side(spec) ** 2
-    sizes = [features, *model.hidden_sizes, NUM_CLASSES]
+        features = c_in * math.prod(conv_output_sides(spec))
+    sizes = [features, *model.hidden_sizes, shape.outputs]
     count += sum(n_in * n_out + n_out for n_in, n_out in zip(sizes, sizes[1:]))
     return count + (2 * sum(model.hidden_sizes) if model.batch_norm else 0)
 
 
 def train_size(dataset: DatasetSpec) -> int:
-    """Examples in the training split after `train_limit`."""
-    n = TRAIN_SIZES[dataset.name]
-    if dataset.name == "synthetic":
-        return dataset.train_limit or n
-    return min(n, dataset.train_limit) if dataset.train_limit else n
+    """Examples in the training split after `validation_split` and `train_limit`."""
+    shape = data_shape(dataset)
+    return shape.train_size if shape else 0
 
 
 def test_size(dataset: DatasetSpec) -> int:
-    """Examples in the test split after `test_limit`."""
-    n = TEST_SIZES[dataset.name]
-    if dataset.name == "synthetic":
-        return dataset.test_limit or n
-    return min(n, dataset.test_limit) if dataset.test_limit else n
+    """Examples in the test split after `validation_split` and `test_limit`."""
+    shape = data_shape(dataset)
+    return shape.test_size if shape else 0
 
 
 # Bytes per float32 value; what training holds besides the data (see memory_estimate).
@@ -393,9 +515,9 @@ def activation_count(spec: TrainingSpec) -> int:
     and after its pool) and each dense layer's outputs."""
     model, count = spec.model, 0
     if model.name == "cnn":
-        for side, channels in zip(conv_sides(spec), model.channels):
-            count += channels * side * side + channels * (side // 2) ** 2
-    return count + sum(model.hidden_sizes) + NUM_CLASSES
+        for (height, width), channels in zip(conv_sides(spec), model.channels):
+            count += channels * height * width + channels * (height // 2) * (width // 2)
+    return count + sum(model.hidden_sizes) + _shape(spec).outputs
 
 
 def memory_estimate(spec: TrainingSpec) -> dict[str, int]:
@@ -407,8 +529,8 @@ def memory_estimate(spec: TrainingSpec) -> dict[str, int]:
     - activations: one batch's forward values, kept for the backward pass (ACTIVATION_COPIES);
     - total: their sum. An estimate from the spec alone, to refuse a job that cannot fit before
       it is queued; the frameworks' own overheads (compiled programs, caches) come on top."""
-    features = INPUT_FEATURES[spec.dataset.name]
-    examples = train_size(spec.dataset) + test_size(spec.dataset)
+    shape = _shape(spec)
+    features, examples = shape.features, shape.train_size + shape.test_size
     parts = {
         "data": DATA_COPIES * examples * (features + 1) * FLOAT_BYTES,
         "state": STATE_COPIES * parameter_count(spec) * FLOAT_BYTES,

@@ -65,7 +65,8 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
 
     start = time.perf_counter()
     devices = _owned_devices(spec)
-    load_dataset(spec.dataset, options.data_dir)  # a missing dataset fails here, once, not in every rank
+    # A missing dataset fails here, once, not in every rank.
+    load_dataset(spec.dataset, options.data_dir, options.dataset_file)
     context = mp.get_context("spawn")  # a fresh interpreter per rank: no forked CUDA or thread state
     messages, stop = context.Queue(), context.Value("b", 0)
     port = _free_port()

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.common import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, Weights, describe, read_weights
+from trainers.common import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, Weights, describe, image_shape, read_weights
 from trainers.spec import CONV_KERNEL, ModelSpec
 
 
@@ -54,7 +54,8 @@ class MLP(nn.Module):
 
 
 class CNN(MLP):
-    """x float32 [B, side*side] -> [B, 1, side, side] -> per `channels`: 3x3 conv (padding 1),
+    """x float32 [B, H*W*C] -> [B, H, W, C] -> [B, C, H, W] (`image` = (H, W, C)) -> per
+    `channels`: 3x3 conv (padding 1),
     [BatchNorm2d], ReLU, 2x2 max pool -> flattened (C, H, W) -> the MLP head -> logits [B, classes].
 
     Conv weights are `convs.i.weight` [out, in, 3, 3] (OIHW), the head's `layers.i.*` as in MLP.
@@ -62,19 +63,18 @@ class CNN(MLP):
 
     def __init__(
         self,
-        side: int,
+        image: tuple[int, int, int],
         channels: Sequence[int],
         hidden_sizes: Sequence[int],
         num_classes: int,
         dropout: float = 0.0,
         batch_norm: bool = False,
     ) -> None:
-        out_side = side
-        for _ in channels:
-            out_side //= 2
-        super().__init__(channels[-1] * out_side * out_side, hidden_sizes, num_classes, dropout, batch_norm)
-        self.side = side
-        c_in = [1, *channels[:-1]]
+        height, width, in_channels = image
+        out_height, out_width = height >> len(channels), width >> len(channels)
+        super().__init__(channels[-1] * out_height * out_width, hidden_sizes, num_classes, dropout, batch_norm)
+        self.image = image
+        c_in = [in_channels, *channels[:-1]]
         self.convs = nn.ModuleList(
             nn.Conv2d(i, o, CONV_KERNEL, padding=CONV_KERNEL // 2) for i, o in zip(c_in, channels)
         )
@@ -84,7 +84,8 @@ class CNN(MLP):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.reshape(len(x), 1, self.side, self.side)
+        # Examples are flat in (row, column, channel) order; convolutions want (channel, row, column).
+        x = x.reshape(len(x), *self.image).permute(0, 3, 1, 2)
         for i, conv in enumerate(self.convs):
             x = conv(x)
             if hasattr(self, "conv_norms"):
@@ -93,19 +94,22 @@ class CNN(MLP):
         return super().forward(x.flatten(1))
 
 
-def build(model: ModelSpec, in_features: int, num_classes: int) -> MLP:
-    """The nn.Module `model` describes, for flat inputs of `in_features` (a cnn: a square image)."""
+def build(model: ModelSpec, input_shape: int | Sequence[int], num_classes: int) -> MLP:
+    """The nn.Module `model` describes with `num_classes` outputs (1 for regression), for flat
+    inputs of `input_shape` ([D] or a feature count; a cnn: [H, W, C], see common.image_shape)."""
     if model.name == "cnn":
         return CNN(
-            math.isqrt(in_features), model.channels, model.hidden_sizes, num_classes, model.dropout, model.batch_norm
+            image_shape(input_shape), model.channels, model.hidden_sizes, num_classes, model.dropout, model.batch_norm
         )
-    return MLP(in_features, model.hidden_sizes, num_classes, model.dropout, model.batch_norm)
+    features = input_shape if isinstance(input_shape, int) else math.prod(input_shape)
+    return MLP(features, model.hidden_sizes, num_classes, model.dropout, model.batch_norm)
 
 
-def from_weights(weights: Weights, dropout: float = 0.0, in_features: int | None = None) -> MLP:
+def from_weights(weights: Weights, dropout: float = 0.0, input_shape: int | Sequence[int] | None = None) -> MLP:
     """The model stored in `weights` (PyTorch names, numpy arrays), holding them, on the CPU.
 
-    A cnn's input size is not in its weights: `in_features` (default 784, a 28x28 image) says it.
+    A cnn's input shape is not in its weights: `input_shape` ([H, W, C], the job's spec.json, or a
+    feature count read as a square one-channel image; default 784, a 28x28 image) says it.
     """
     info = describe(weights)
     spec = ModelSpec.model_construct(
@@ -115,7 +119,7 @@ def from_weights(weights: Weights, dropout: float = 0.0, in_features: int | None
         channels=info["channels"] or [1],
         batch_norm=info["batch_norm"],
     )
-    model = build(spec, info["in_features"] or in_features or 784, info["num_classes"])
+    model = build(spec, info["in_features"] or input_shape or 784, info["num_classes"])
     tensors = {name: torch.tensor(np.asarray(value)) for name, value in weights.items()}
     # BatchNorm's num_batches_tracked counts steps only for momentum=None, which is not used here;
     # weights.safetensors leaves it out, so it keeps its fresh value.
@@ -134,37 +138,64 @@ def weights_from_state_dict(model: nn.Module) -> Weights:
     }
 
 
-def load_weights(path: Path, dropout: float = 0.0, in_features: int | None = None) -> MLP:
-    """An MLP (on the CPU, in eval mode) from a weights.safetensors file written by either trainer.
+def load_weights(path: Path, dropout: float = 0.0, input_shape: int | Sequence[int] | None = None) -> MLP:
+    """An MLP (on the CPU, in eval mode) from a weights.safetensors file written by either trainer;
+    a cnn's images are `input_shape` (see from_weights).
 
     The architecture is read from the tensor shapes. Raises ValueError for other tensor names.
     """
-    return from_weights(read_weights(path), dropout, in_features).eval()
+    return from_weights(read_weights(path), dropout, input_shape).eval()
+
+
+def task_loss(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
+    """The batch's mean loss: cross-entropy in nats for classification (y int64 classes), squared
+    error of the single output for regression (y float32 targets)."""
+    if task == "regression":
+        return F.mse_loss(logits[:, 0], y)
+    return F.cross_entropy(logits, y)
+
+
+def score_sum(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
+    """The batch's summed score: right predictions (classification) or absolute error (regression)."""
+    if task == "regression":
+        return (logits[:, 0] - y).abs().sum()
+    return (logits.argmax(dim=1) == y).sum()
+
+
+def target_dtype(task: str) -> torch.dtype:
+    """y's dtype: int64 classes (cross_entropy wants them) or float32 targets."""
+    return torch.float32 if task == "regression" else torch.int64
 
 
 EVAL_BATCH = 1000  # examples evaluated at once, as trainers.jax_models.EVAL_BATCH
 
 
-def evaluate(model: nn.Module, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray) -> tuple[float, float]:
-    """(mean cross-entropy in nats, accuracy in [0, 1]) of `model` over the whole of x [N, D], y [N],
-    EVAL_BATCH examples at a time.
+def evaluate(
+    model: nn.Module, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, task: str = "classification"
+) -> tuple[float, float]:
+    """(mean loss, mean score) of `model` over the whole of x [N, D], y [N], EVAL_BATCH examples at
+    a time: (cross-entropy in nats, accuracy in [0, 1]) for classification, (squared error,
+    absolute error) for regression.
 
     Runs in eval mode (no dropout) under torch.no_grad() on the model's device; leaves the model
     in eval mode.
     """
     device = next(model.parameters()).device
     x = _tensor(x).to(device, torch.float32)
-    y = _tensor(y).to(device, torch.int64)
+    y = _tensor(y).to(device, target_dtype(task))
     model.eval()
     loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
+    score = torch.zeros((), dtype=target_dtype(task), device=device)
     with torch.no_grad():
         for first in range(0, len(x), EVAL_BATCH):  # the whole set at once would hold every example's activations
             logits = model(x[first : first + EVAL_BATCH])
             yb = y[first : first + EVAL_BATCH]
-            loss_sum += F.cross_entropy(logits, yb, reduction="sum")
-            correct += (logits.argmax(dim=1) == yb).sum()
-    return float(loss_sum) / len(x), float(correct) / len(x)
+            if task == "regression":
+                loss_sum += F.mse_loss(logits[:, 0], yb, reduction="sum")
+            else:
+                loss_sum += F.cross_entropy(logits, yb, reduction="sum")
+            score += score_sum(logits, yb, task)
+    return float(loss_sum) / len(x), float(score) / len(x)
 
 
 def _tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -19,21 +19,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from trainers import torch_checkpoint
 from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, RunOptions, ShouldStop
 from trainers.common import (
+    Preprocessing,
     epoch_batches,
+    final_result,
     fit_timings,
     init_weights,
     learning_rate_at,
     summarize_epoch,
+    target_variance,
+    test_metrics,
     write_common_artifacts,
 )
 from trainers.data import load_dataset
 from trainers.spec import JobSpec, OptimizerSpec
-from trainers.torch_models import evaluate, from_weights, weights_from_state_dict
+from trainers.torch_models import (
+    evaluate,
+    from_weights,
+    score_sum,
+    target_dtype,
+    task_loss,
+    weights_from_state_dict,
+)
 
 if TYPE_CHECKING:  # for annotations only: torch_ddp imports this module, and dynamo is heavy
     from torch._dynamo.callback import CallbackArgs
@@ -127,19 +137,20 @@ def train(
         train_loss, train_correct, epoch_time_s, step0_loss = train_epoch(spec, run, step, world, epoch, should_stop)
         first_step_loss = step0_loss if step0_loss is not None else first_step_loss
         # Rank 0 reports and checkpoints; the other ranks' test metrics would go nowhere.
-        test_loss, test_accuracy, eval_time_s = test(run) if world.rank == 0 else (math.nan, math.nan, 0.0)
+        no_test: dict[str, float | None] = {"test_loss": math.nan}
+        test_results, eval_time_s = test(run) if world.rank == 0 else (no_test, 0.0)
         epoch_metrics = summarize_epoch(
             epoch,
             loss_sum=train_loss,
             correct=train_correct,
             steps=run.steps,
             batch_size=spec.batch_size,
-            test_loss=test_loss,
-            test_accuracy=test_accuracy,
+            test=test_results,
             epoch_time_s=epoch_time_s,
             eval_time_s=eval_time_s,
             learning_rate=learning_rate,
             evaluated=world.rank == 0,
+            task=run.task,
         )
         metrics.append(epoch_metrics)
         checkpoint_start = time.perf_counter()
@@ -161,12 +172,8 @@ def train(
             **fit_timings(setup_s, compile_s, _graphs_compiled - graphs_before, metrics),
             "checkpoint_s": checkpoint_s,
         },
-        result={
-            "test_accuracy": metrics[-1].test_accuracy,
-            "test_loss": metrics[-1].test_loss,
-            "first_step_loss": first_step_loss.item(),
-        },
-        artifacts=save_artifacts(workdir, spec, run.model, metrics),
+        result=final_result(metrics[-1], first_step_loss.item()),
+        artifacts=save_artifacts(workdir, spec, run.model, metrics, run.preprocessing),
         device=_device_info(run.device, world.devices()),
     )
 
@@ -177,7 +184,7 @@ class Run:
 
     device: torch.device
     x_train: torch.Tensor  # float32 [N, D]
-    y_train: torch.Tensor  # int64 [N]
+    y_train: torch.Tensor  # int64 [N] classes, or float32 [N] regression targets
     x_test: torch.Tensor
     y_test: torch.Tensor
     model: torch.nn.Module
@@ -185,24 +192,27 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
     autocast: Callable[[], ContextManager]
     steps: int  # optimizer steps per epoch
+    task: str = "classification"
+    target_variance: float = 0.0  # of the test targets (regression's R^2)
+    preprocessing: Preprocessing | None = None
 
 
 def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run:
     """The data on the device, the model with its initial weights, the optimizer and scheduler."""
     device = world.device
-    data = load_dataset(spec.dataset, options.data_dir)
+    data = load_dataset(spec.dataset, options.data_dir, options.dataset_file)
     # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
-    weights = init_weights(spec.model, data.in_features, data.num_classes, spec.seed)
-    model = world.prepare(from_weights(weights, spec.model.dropout, data.in_features).to(device))
+    weights = init_weights(spec.model, data.input_shape, data.outputs, spec.seed)
+    model = world.prepare(from_weights(weights, spec.model.dropout, data.input_shape).to(device))
     steps = len(data.x_train) // spec.batch_size
     optimizer, scheduler = make_optimizer(spec, model, device, steps)
     return Run(
         device=device,
         # The data goes to the device once; torch.tensor copies the read-only cached arrays.
         x_train=torch.tensor(data.x_train).to(device),
-        y_train=torch.tensor(data.y_train).to(device, torch.int64),  # cross_entropy wants int64 targets
+        y_train=torch.tensor(data.y_train).to(device, target_dtype(data.task)),
         x_test=torch.tensor(data.x_test).to(device),
-        y_test=torch.tensor(data.y_test).to(device, torch.int64),
+        y_test=torch.tensor(data.y_test).to(device, target_dtype(data.task)),
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -211,6 +221,9 @@ def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run
         if spec.precision == "bf16"
         else nullcontext,
         steps=steps,
+        task=data.task,
+        target_variance=target_variance(data.y_test),
+        preprocessing=Preprocessing.of(data),
     )
 
 
@@ -220,7 +233,7 @@ def compile_model(spec: JobSpec, run: Run) -> tuple[torch.nn.Module, float]:
     if not spec.compile:
         return run.model, 0.0
     compile_start = time.perf_counter()
-    compiled = _compile(run.model, run.x_train, run.y_train, spec.batch_size, spec, run.device, run.autocast)
+    compiled = _compile(run.model, run.x_train, run.y_train, spec.batch_size, spec, run.device, run.autocast, run.task)
     return compiled, time.perf_counter() - compile_start
 
 
@@ -251,9 +264,10 @@ def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: On
             clip_norm=spec.privacy.clip_norm,
             noise_multiplier=spec.privacy.noise_multiplier,
             world=world,
+            task=run.task,
         )
     else:
-        gradients = partial(_gradients, forward, run.autocast)
+        gradients = partial(_gradients, forward, run.autocast, run.task)
     clip_norm = spec.optimizer.clip_norm
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,12 +284,12 @@ def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: On
 
 
 def _gradients(
-    forward: torch.nn.Module, autocast: Callable[[], ContextManager], x: torch.Tensor, y: torch.Tensor
+    forward: torch.nn.Module, autocast: Callable[[], ContextManager], task: str, x: torch.Tensor, y: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mini-batch's mean cross-entropy, backpropagated into each parameter's .grad; (loss, logits)."""
+    """The mini-batch's mean loss (task_loss), backpropagated into each parameter's .grad; (loss, logits)."""
     with autocast():
         logits = forward(x)
-        loss = F.cross_entropy(logits, y)
+        loss = task_loss(logits, y, task)
     loss.backward()
     return loss, logits
 
@@ -296,7 +310,7 @@ def train_epoch(
     epoch_start = time.perf_counter()
     run.model.train()
     loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
+    correct = torch.zeros((), dtype=run.y_train.dtype, device=device)  # summed scores (score_sum)
     step0_loss, next_check = None, 0.0
     for i, idx in enumerate(batches):
         if i % STOP_CHECK_STEPS == 0 or world.timed_stop_checks and time.perf_counter() > next_check:
@@ -309,7 +323,7 @@ def train_epoch(
         loss_sum += loss.detach()
         if epoch == 1 and i == 0:
             step0_loss = torch.tensor(world.total(loss.detach())[0] / world.size, device=device)
-        correct += (logits.detach().argmax(dim=1) == y).sum()
+        correct += score_sum(logits.detach(), y, run.task)
         _end_step(device)
     # The epoch's one host sync. Each device's loss is the mean over its share of the batch.
     loss_total, train_correct = world.total(loss_sum, correct)
@@ -317,18 +331,25 @@ def train_epoch(
     return loss_total / world.size, train_correct, time.perf_counter() - epoch_start, step0_loss
 
 
-def test(run: Run) -> tuple[float, float, float]:
-    """(mean test cross-entropy in nats, test accuracy, seconds it took), under torch.no_grad."""
+def test(run: Run) -> tuple[dict[str, float | None], float]:
+    """(the test metrics, common.test_metrics, and the seconds they took), under torch.no_grad."""
     eval_start = time.perf_counter()
-    test_loss, test_accuracy = evaluate(run.model, run.x_test, run.y_test)
-    return test_loss, test_accuracy, time.perf_counter() - eval_start
+    loss, score = evaluate(run.model, run.x_test, run.y_test, run.task)
+    return test_metrics(run.task, loss, score, run.target_variance), time.perf_counter() - eval_start
 
 
-def save_artifacts(workdir: Path, spec: JobSpec, model: torch.nn.Module, metrics: list[EpochMetrics]) -> list[str]:
-    """weights.safetensors, metrics.json, spec.json (common.write_common_artifacts) and
-    state_dict.pt: plain tensors, so it loads with torch.load(weights_only=True)."""
+def save_artifacts(
+    workdir: Path,
+    spec: JobSpec,
+    model: torch.nn.Module,
+    metrics: list[EpochMetrics],
+    preprocessing: Preprocessing | None = None,
+) -> list[str]:
+    """weights.safetensors, metrics.json, spec.json (common.write_common_artifacts, with
+    preprocessing.json when given) and state_dict.pt: plain tensors, so it loads with
+    torch.load(weights_only=True)."""
     state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
-    artifacts = write_common_artifacts(workdir, weights_from_state_dict(model), metrics, spec)
+    artifacts = write_common_artifacts(workdir, weights_from_state_dict(model), metrics, spec, preprocessing)
     torch.save(state_dict, workdir / STATE_DICT_FILE)
     return [*artifacts, STATE_DICT_FILE]
 
@@ -341,6 +362,7 @@ def _compile(
     spec: JobSpec,
     device: torch.device,
     autocast: Callable[[], ContextManager] = nullcontext,
+    task: str = "classification",
 ) -> torch.nn.Module:
     """`model` compiled with torch.compile (TorchInductor), its forward and backward built now.
 
@@ -369,7 +391,7 @@ def _compile(
     model.train()
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         with autocast():
-            loss = F.cross_entropy(compiled(x_train[idx]), y_train[idx])
+            loss = task_loss(compiled(x_train[idx]), y_train[idx], task)
         loss.backward()
     model.zero_grad(set_to_none=True)
     _wait_for(device)
@@ -449,6 +471,7 @@ def _private_gradients(
     clip_norm: float,
     noise_multiplier: float,
     world: OneDevice | Group,
+    task: str = "classification",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DP-SGD gradients into each parameter's .grad: per-example gradients (torch.func.vmap of
     torch.func.grad), each clipped to L2 norm clip_norm, summed, plus N(0, (noise_multiplier *
@@ -464,7 +487,7 @@ def _private_gradients(
         params: dict[str, torch.Tensor], x1: torch.Tensor, y1: torch.Tensor
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         logits = functional_call(model, (params, buffers), (x1[None],))
-        loss = F.cross_entropy(logits, y1[None])
+        loss = task_loss(logits, y1[None], task)
         return loss, (loss.detach(), logits.detach()[0])
 
     grads, (losses, logits) = vmap(grad(example_loss, has_aux=True), in_dims=(None, 0, 0), randomness="different")(

@@ -15,6 +15,7 @@ from app.status import JobStatus
 from trainers import parity
 from trainers.data import load_dataset
 from trainers.spec import ComparisonSpec
+from workers import dataset_cache
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,17 @@ def settle(job_id: str) -> None:
         spec = ComparisonSpec.model_validate(comparison.spec)
         runs = [_run(job) for job in sides]
         comparison_id = comparison.id
-    x_test = load_dataset(spec.dataset, get_settings().data_dir).x_test
-    result = parity.check(runs[0], runs[1], x_test, spec.model.dropout)
+    dataset_file, _ = dataset_cache.fetch_for(spec)
+    data = load_dataset(spec.dataset, get_settings().data_dir, dataset_file)
+    result = parity.check(
+        runs[0],
+        runs[1],
+        data.x_test,
+        spec.model.dropout,
+        y_test=data.y_test,
+        task=data.task,
+        input_shape=data.input_shape,
+    )
     with session_scope() as session:
         session.execute(update(Comparison).where(Comparison.id == comparison_id).values(parity=result))
         session.commit()

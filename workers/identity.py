@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from sqlalchemy import delete
 from sqlalchemy.dialects import postgresql, sqlite
 
+from app.config import get_settings
 from app.db import get_engine, session_scope
 from app.models import Worker, utcnow
+from trainers.data import installed_built_ins
 from workers.hardware import Capabilities
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ def beat(identity: WorkerIdentity) -> None:
         "current_job_id": identity.current_job_id,
         "last_seen": last_seen,
         "broker_ok": broker_reachable(),
+        "datasets": installed_built_ins(get_settings().data_dir),
     }
     dialect = postgresql if get_engine().dialect.name == "postgresql" else sqlite
     statement = dialect.insert(Worker).values(**values, started_at=utcnow())
@@ -88,8 +91,6 @@ def beat(identity: WorkerIdentity) -> None:
 
 def broker_reachable(timeout_s: float = 2.0) -> bool:
     """Whether the broker answers now (Redis: a PING; the embedded filesystem broker: its folder)."""
-    from app.config import get_settings
-
     url = get_settings().resolved_broker_url()
     if not url.startswith(("redis://", "rediss://")):
         return True

@@ -27,7 +27,7 @@ from app.db import is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
 from trainers.spec import JobSpec
-from workers import comparisons
+from workers import comparisons, dataset_cache
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,12 @@ CANCEL_POLL_S = 0.5
 # Errors a job's user can act on, by exception class name, shown with their own message. Any
 # other exception is "internal": its details (which may hold SQL, a server path or a driver's
 # name) go to the worker's log under a reference, and the user sees only that reference.
-USER_ERRORS = {"DataNotFound": "data_not_found", "HardwareMismatch": "hardware_mismatch", "NanLoss": "nan_loss"}
+USER_ERRORS = {
+    "DataNotFound": "data_not_found",
+    "DatasetCorrupt": "dataset_corrupt",
+    "HardwareMismatch": "hardware_mismatch",
+    "NanLoss": "nan_loss",
+}
 
 
 def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
@@ -100,10 +105,12 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
     spec, created_at = retrying(lambda: read_spec(job_id))
     workdir = get_settings().resolved_artifact_dir() / job_id
     hooks = JobHooks(job_id, attempt, spec.max_runtime_s)
-    result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop, run_options())
+    dataset_file, data_timings = dataset_cache.fetch_for(spec)
+    result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop, run_options(dataset_file))
     retrying(lambda: store_artifacts(job_id, workdir, result.artifacts))
     timings = {
         "queue_wait_s": _seconds(created_at, claimed_at),
+        **data_timings,
         **result.timings,
         "total_s": _seconds(claimed_at, utcnow()),
     }
@@ -117,10 +124,15 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
     return status
 
 
-def run_options() -> trainers.RunOptions:
-    """What the trainers need from this worker's Settings, passed explicitly."""
+def run_options(dataset_file: Path | None = None) -> trainers.RunOptions:
+    """What the trainers need from this worker's Settings (and the uploaded dataset's cached
+    file, when the job names one), passed explicitly."""
     settings = get_settings()
-    return trainers.RunOptions(data_dir=settings.data_dir, compile_cache_dir=settings.resolved_compile_cache_dir())
+    return trainers.RunOptions(
+        data_dir=settings.data_dir,
+        compile_cache_dir=settings.resolved_compile_cache_dir(),
+        dataset_file=dataset_file,
+    )
 
 
 def read_spec(job_id: str) -> tuple[JobSpec, datetime]:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from app import comparisons as service
 from app import jobs, limits, rendering
 from app.api import json_response
+from app.datasets import records
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
 from app.models import Comparison as ComparisonRow
@@ -34,7 +35,7 @@ def create_comparison(spec: ComparisonSpec, session: SessionDep, user: CurrentUs
     from the same initial weights and with the same batch order. The two jobs count as two
     against the key's limits (429 when over one); the spec meets this server's limits as in
     `POST /jobs`."""
-    spec = cast(ComparisonSpec, limits.apply_limits(spec))
+    spec = cast(ComparisonSpec, limits.apply_limits(records.with_dataset(session, user, spec)))
     comparison = service.create_comparison(session, user, spec)
     return json_response(
         render(session, comparison, user),

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from app import jobs as service
 from app import limits, rendering
 from app.api import json_response
+from app.datasets import records
 from app.deps import CurrentUser, SessionDep
 from app.errors import responses
 from app.models import Job as JobRow
@@ -41,7 +42,7 @@ def create_job(
     than the schema's: a spec above one is 422 naming it. A spec without max_runtime_s gets the
     server's limit. A key with too many jobs queued, or created in the last minute, gets 429
     (with Retry-After for the latter)."""
-    spec = cast(JobSpec, limits.apply_limits(spec))
+    spec = cast(JobSpec, limits.apply_limits(records.with_dataset(session, user, spec)))
     try:
         job, position = service.create_job(session, user, spec, idempotency_key)
     except service.IdempotencyConflict:

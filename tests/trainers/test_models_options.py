@@ -68,7 +68,7 @@ def test_cnn_weights_cross_load_with_matching_logits(cnn_runs, trained_by):
     x = load_dataset(DatasetSpec(name="digits", test_limit=100)).x_test
     jax_model, variables = jax_models.load_weights(path)
     jax_logits = np.asarray(jax_model.apply(variables, x))
-    torch_logits = torch_models.load_weights(path, in_features=64)(torch.tensor(x)).detach().numpy()
+    torch_logits = torch_models.load_weights(path, input_shape=64)(torch.tensor(x)).detach().numpy()
     np.testing.assert_allclose(jax_logits, torch_logits, atol=1e-4)
     np.testing.assert_allclose(forward(load_file(path), x), torch_logits, atol=1e-4)
 
@@ -257,7 +257,7 @@ def test_bf16_models_compute_in_bfloat16_with_float32_params():
     logits = model.apply({"params": params}, x)
     assert logits.dtype == np.float32
     np.testing.assert_allclose(np.asarray(logits), forward(weights, x), atol=0.1)
-    torch_model = torch_models.from_weights(weights, in_features=64)
+    torch_model = torch_models.from_weights(weights, input_shape=64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         torch_logits = torch_model(torch.tensor(x))
     assert torch_logits.dtype == torch.bfloat16 and torch_model.layers[0].weight.dtype == torch.float32

@@ -37,10 +37,12 @@ class Message(BaseModel):
 
 
 _DESCRIPTIONS = {
+    400: "The request body is malformed (e.g. a multipart body without exactly one file part).",
     401: "No API key, or one that is malformed, unknown or revoked.",
     404: "No such resource visible to this key (another key's resource is 404 too, never 403).",
     409: "The request conflicts with the resource's state.",
-    413: "The request body is larger than this server's limit (TRAINHUB_MAX_BODY_BYTES).",
+    413: "The request body is larger than this server's limit (TRAINHUB_MAX_BODY_BYTES; uploads: "
+    "TRAINHUB_MAX_DATASET_BYTES), or unpacks or stores past one.",
     429: "A per-key limit is reached (queued jobs, or jobs per minute: then Retry-After says when to retry).",
     503: "The database (or artifact store) is unavailable; retry shortly.",
 }

@@ -20,6 +20,7 @@ file with several entries is not written in a fixed order, and the file's sha256
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +65,7 @@ class DatasetArrays:
 def features(x: np.ndarray) -> np.ndarray:
     """float32 [N, prod(input_shape)]: the values the model sees (images scaled to [0, 1], in
     (row, column, channel) order)."""
-    flat = x.reshape(len(x), -1)
+    flat = x.reshape(len(x), math.prod(x.shape[1:]))
     if x.dtype == np.uint8:
         return flat.astype(np.float32) / np.float32(255)
     return flat.astype(np.float32, copy=False)

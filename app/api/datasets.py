@@ -67,7 +67,7 @@ def _rejected(where: str, message: str, code: int = 422) -> JSONResponse:
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
-    responses={**responses(413, 429), 200: {"description": "The same content was uploaded before by this key."}},
+    responses={**responses(400, 413), 200: {"description": "The same content was uploaded before by this key."}},
     openapi_extra={
         "requestBody": {
             "description": "The dataset file as the body (its Content-Type), or multipart/form-data with one "

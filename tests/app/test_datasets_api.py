@@ -222,16 +222,23 @@ def test_size_limits_are_413_with_the_numbers(api, auth, services_env, monkeypat
 
 
 def test_built_in_datasets_no_worker_has_are_refused(api, auth):
+    from sqlalchemy import delete
+
     from app.db import session_scope
     from app.models import Worker, utcnow
 
     with session_scope() as session:
-        session.add(Worker(name="w:1:a", hostname="w", hardware="cpu", queues=["cpu.jax"], devices=["cpu:0"],
+        session.add(Worker(name="w:1:datasets", hostname="w", hardware="cpu", queues=["cpu.jax"], devices=["cpu:0"],
                            versions={}, last_seen=utcnow(), datasets=["fashion-mnist", "digits", "synthetic"]))
         session.commit()
-    refused = api.post("/jobs", json={"framework": "jax", "dataset": {"name": "mnist"}}, headers=auth)
-    assert refused.status_code == 422 and "'mnist' is not installed" in refused.text
-    assert api.post("/jobs", json={"framework": "jax", "dataset": {"name": "fashion-mnist"}},
-                    headers=auth).status_code == 201
-    built_in = [d["name"] for d in api.get("/datasets", headers=auth).json()["items"] if d["built_in"]]
-    assert built_in == ["fashion-mnist", "digits", "synthetic"]
+    try:
+        refused = api.post("/jobs", json={"framework": "jax", "dataset": {"name": "mnist"}}, headers=auth)
+        assert refused.status_code == 422 and "'mnist' is not installed" in refused.text
+        assert api.post("/jobs", json={"framework": "jax", "dataset": {"name": "fashion-mnist"}},
+                        headers=auth).status_code == 201
+        built_in = [d["name"] for d in api.get("/datasets", headers=auth).json()["items"] if d["built_in"]]
+        assert built_in == ["fashion-mnist", "digits", "synthetic"]
+    finally:
+        with session_scope() as session:  # the database is shared: later tests expect no worker
+            session.execute(delete(Worker).where(Worker.name == "w:1:datasets"))
+            session.commit()

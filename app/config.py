@@ -118,7 +118,7 @@ class Settings(BaseSettings):
     max_dataset_bytes: int = Field(2 * 1024**3, ge=1024)
     max_dataset_bytes_per_key: int = Field(20 * 1024**3, ge=1024)
     max_dataset_examples: int = Field(hard.MAX_EXAMPLES, ge=2, le=hard.MAX_EXAMPLES)
-    max_dataset_unpacked_bytes: int = Field(8 * 1024**3, ge=1024)
+    max_dataset_unpacked_bytes: int = Field(4 * 1024**3, ge=1024)
     max_dataset_files: int = Field(100_000, ge=1)
     max_image_pixels: int = Field(4096 * 4096, ge=1)
     # Where the API spools uploads while it validates them (default <var_dir>/uploads).

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from anyio import to_thread
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.config import Settings, get_settings
 from app.datasets import records, upload
@@ -29,7 +29,10 @@ IMAGE_SIZE = re.compile(r"^([1-9][0-9]{0,4})(?:x([1-9][0-9]{0,4}))?$")
 
 
 class DatasetOptions(BaseModel):
-    """How to read an upload, from the query string or the multipart form's text fields."""
+    """How to read an upload, from the query string or the multipart form's text fields (an
+    unknown one is refused: a typo more often than not)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     label_column: Annotated[str, Field(min_length=1, max_length=200)] = "label"

@@ -91,6 +91,16 @@ def test_multipart_upload_with_form_fields(api, auth):
         "diabetes", "regression", 0, [10])
 
 
+def test_unknown_options_are_refused(api, auth):
+    typo = upload(api, auth, breast_cancer_csv(), label_colum="label")
+    assert typo.status_code == 422 and "label_colum" in typo.text
+    form = api.post("/datasets", files={"file": ("t.csv", b"a,label\n1,0\n2,1\n", "text/csv")}, data={"tsk": "x"},
+                    headers=auth)
+    assert form.status_code == 422 and "tsk" in form.text
+    bad_size = upload(api, auth, breast_cancer_csv(), image_size="big")
+    assert bad_size.status_code == 422 and "image_size" in bad_size.text
+
+
 def test_another_keys_dataset_is_not_found_anywhere(api, auth, make_key):
     dataset = upload(api, auth, breast_cancer_csv()).json()
     other = {"Authorization": f"Bearer {make_key('other')}"}

@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
@@ -26,6 +27,8 @@ cli = typer.Typer(
 )
 keys_cli = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 cli.add_typer(keys_cli, name="keys")
+datasets_cli = typer.Typer(help="Upload and manage your datasets.", no_args_is_help=True)
+cli.add_typer(datasets_cli, name="datasets")
 T = TypeVar("T")
 console = Console(stderr=True)
 
@@ -347,6 +350,7 @@ SPEC_OPTIONS = {
     "dataset": ("dataset", "name"),
     "train_limit": ("dataset", "train_limit"),
     "test_limit": ("dataset", "test_limit"),
+    "validation_split": ("dataset", "validation_split"),
     "epochs": ("epochs",),
     "batch_size": ("batch_size",),
     "learning_rate": ("optimizer", "learning_rate"),
@@ -355,13 +359,23 @@ SPEC_OPTIONS = {
     "seed": ("seed",),
     "name": ("name",),
 }
+# --dataset with this prefix is an uploaded dataset's id (dataset.id), else a built-in name (dataset.name).
+DATASET_ID_PREFIX = "ds_"
+DATASET_HELP = (
+    "fashion-mnist (default), mnist, digits or synthetic, or an uploaded dataset's id (ds_..., see datasets list)"
+)
+VALIDATION_SPLIT_HELP = (
+    "hold out this fraction of the training split as the test split, e.g. 0.2 (needed for an uploaded dataset "
+    "without a test split)"
+)
 
 
 @cli.command()
 def submit(
     framework: Annotated[Optional[str], typer.Option(help="jax or pytorch (default jax)")] = None,
     hardware: Annotated[Optional[str], typer.Option(help="cpu, gpu or tpu (default cpu)")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="fashion-mnist (default), mnist, digits or synthetic")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help=DATASET_HELP)] = None,
+    validation_split: Annotated[Optional[float], typer.Option(help=VALIDATION_SPLIT_HELP)] = None,
     epochs: Annotated[Optional[int], typer.Option(help="default 10")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="default 128")] = None,
     learning_rate: Annotated[Optional[float], typer.Option(help="default 0.001")] = None,
@@ -386,6 +400,7 @@ def submit(
         framework=framework,
         hardware=hardware,
         dataset=dataset,
+        validation_split=validation_split,
         epochs=epochs,
         batch_size=batch_size,
         learning_rate=learning_rate,
@@ -421,7 +436,7 @@ def spec_from_options(spec_file: Path | None, **options: object) -> dict:
             continue
         if option == "hidden_sizes":
             value = parse_sizes(str(value))
-        *parents, field = SPEC_OPTIONS[option]
+        *parents, field = spec_field(option, value)
         target = spec
         for parent in parents:
             if not isinstance(target.get(parent, {}), dict):
@@ -434,10 +449,28 @@ def spec_from_options(spec_file: Path | None, **options: object) -> dict:
         if field in target and target[field] != value:
             console.print(
                 f"--{option.replace('_', '-')} {value} overrides the spec file's "
-                f"{'.'.join(SPEC_OPTIONS[option])} ({target[field]})"
+                f"{'.'.join([*parents, field])} ({target[field]})"
             )
         target[field] = value
+        if option == "dataset":
+            drop_other_dataset_field(target, field, str(value))
     return spec
+
+
+def spec_field(option: str, value: object) -> tuple[str, ...]:
+    """The spec field an option sets (SPEC_OPTIONS); --dataset sets dataset.id for an uploaded
+    dataset's id (ds_...) and dataset.name for a built-in one."""
+    if option == "dataset" and str(value).startswith(DATASET_ID_PREFIX):
+        return ("dataset", "id")
+    return SPEC_OPTIONS[option]
+
+
+def drop_other_dataset_field(dataset: dict, field: str, value: str) -> None:
+    """A spec names a built-in dataset (name) or an uploaded one (id), not both: after --dataset set
+    `field`, drop the spec file's other one, saying so when it had a value."""
+    other = "id" if field == "name" else "name"
+    if dataset.pop(other, None) is not None:
+        console.print(f"--dataset {value} replaces the spec file's dataset.{other}")
 
 
 def read_spec_file(path: Path) -> dict:
@@ -532,7 +565,7 @@ class ProgressText:
         if event.event == "metrics":
             metrics = event.data
             self.epoch_s.append(metrics["epoch_time_s"] + metrics["eval_time_s"])
-            self.scores = f"loss {_metric(metrics['train_loss'])}  test acc {_metric(metrics['test_accuracy'])}"
+            self.scores = f"loss {_metric(metrics['train_loss'])}  {test_score(metrics)}"
             return f"{self.scores}  ETA {_clock(eta_s(self.epoch_s, self.epochs - metrics['epoch']))}"
         if event.event == "waiting":
             reason = event.data["waiting_reason"]
@@ -569,8 +602,20 @@ def eta_s(epoch_s: list[float], remaining: int) -> float:
     return steady[len(steady) // 2] * remaining if steady else 0.0
 
 
+def dataset_label(dataset: dict) -> str:
+    """How a spec's dataset is shown: its built-in name or its uploaded id."""
+    return str(dataset.get("name") or dataset.get("id") or "")
+
+
 def _metric(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def test_score(scores: dict, accuracy: str = "test acc") -> str:
+    """An epoch's (or a result's) test score as the task has it: accuracy, or RMSE and R²."""
+    if scores.get("test_accuracy") is None and scores.get("test_rmse") is not None:
+        return f"test RMSE {_metric(scores['test_rmse'])}, R² {_metric(scores.get('test_r2'))}"
+    return f"{accuracy} {_metric(scores.get('test_accuracy'))}"
 
 
 def _clock(seconds: float) -> str:
@@ -580,10 +625,9 @@ def _clock(seconds: float) -> str:
 
 def print_result(job: dict) -> None:
     if job["status"] == JobStatus.SUCCEEDED:
-        console.print(
-            f"[green]succeeded[/green]: test accuracy {job['result']['test_accuracy']:.4f}, "
-            f"test loss {job['result']['test_loss']:.4f}"
-        )
+        result = job["result"] or {}
+        score, loss = test_score(result, "test accuracy"), _metric(result.get("test_loss"))
+        console.print(f"[green]succeeded[/green]: {score}, test loss {loss}")
     elif job["status"] == JobStatus.FAILED:
         console.print(f"[red]failed[/red]: {job['error']['type']}: {job['error']['message']}")
     else:
@@ -605,7 +649,7 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
     table.add_row(
         "spec",
         f"{spec['framework']} on {spec['hardware']}"
-        f"{f' x{devices} devices' if devices > 1 else ''}, {spec['dataset']['name']}, "
+        f"{f' x{devices} devices' if devices > 1 else ''}, {dataset_label(spec['dataset'])}, "
         f"{spec['epochs']} epochs, batch {spec['batch_size']}",
     )
     table.add_row("progress", f"epoch {job['progress']['epoch']} of {job['progress']['epochs']}")
@@ -724,7 +768,7 @@ def list_jobs(
         return
     table = Table(title="jobs")
     table.add_column("id", min_width=8, no_wrap=True)
-    for column in ("status", "runs on", "dataset", "epoch", "test acc", "created", "name"):
+    for column in ("status", "runs on", "dataset", "epoch", "test score", "created", "name"):
         table.add_column(column)
     for job in page["items"]:
         spec = job["spec"]
@@ -732,9 +776,9 @@ def list_jobs(
             job["id"][:8],
             job["status"],
             f"{spec['framework']}/{spec['hardware']}",
-            spec["dataset"]["name"],
+            dataset_label(spec["dataset"]),
             f"{job['progress']['epoch']}/{job['progress']['epochs']}",
-            _metric((job["result"] or {}).get("test_accuracy")),
+            test_score(job["result"] or {}, "").strip().removeprefix("test "),
             job["created_at"][:16].replace("T", " "),
             escape(spec.get("name") or ""),
         )
@@ -763,7 +807,7 @@ def list_comparisons(
         table.add_row(
             comparison["id"][:8],
             comparison["status"],
-            comparison["spec"]["dataset"]["name"],
+            dataset_label(comparison["spec"]["dataset"]),
             comparison["jobs"]["jax"]["id"][:8],
             comparison["jobs"]["pytorch"]["id"][:8],
             "" if parity is None else "passed" if parity["passed"] else "mismatch",
@@ -799,7 +843,8 @@ def list_workers(as_json: Annotated[bool, typer.Option("--json", help="print the
 @cli.command()
 def compare(
     hardware: Annotated[Optional[str], typer.Option(help="cpu, gpu or tpu (default cpu)")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="fashion-mnist (default), mnist, digits or synthetic")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help=DATASET_HELP)] = None,
+    validation_split: Annotated[Optional[float], typer.Option(help=VALIDATION_SPLIT_HELP)] = None,
     epochs: Annotated[Optional[int], typer.Option(help="default 10")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="default 128")] = None,
     learning_rate: Annotated[Optional[float], typer.Option(help="default 0.001")] = None,
@@ -820,6 +865,7 @@ def compare(
         spec_file,
         hardware=hardware,
         dataset=dataset,
+        validation_split=validation_split,
         epochs=epochs,
         batch_size=batch_size,
         learning_rate=learning_rate,
@@ -866,7 +912,7 @@ def comparison_table(comparison: dict) -> Table:
             "on one host, their timings include that contention"
         )
     table = Table(
-        title=f"{spec['dataset']['name']} {model_summary(spec['model'])} on {spec['hardware']}, "
+        title=f"{dataset_label(spec['dataset'])} {model_summary(spec['model'])} on {spec['hardware']}, "
         f"{spec['epochs']} epochs",
         caption="\n".join(c for c in caption if c),
     )
@@ -927,6 +973,159 @@ def demo(
     from app.demo import run_demo
 
     raise typer.Exit(run_demo(epochs=epochs, dataset=dataset, var_dir=var_dir))
+
+
+# --- datasets --------------------------------------------------------------------------------
+
+
+class UploadTask(StrEnum):
+    """What an uploaded dataset's labels are (POST /datasets `task`)."""
+
+    classification = "classification"
+    regression = "regression"
+
+
+class UploadFormat(StrEnum):
+    """How to read an upload (POST /datasets `format`)."""
+
+    npz = "npz"
+    idx = "idx"
+    csv = "csv"
+    parquet = "parquet"
+    imagefolder = "imagefolder"
+
+
+@datasets_cli.command("upload")
+def datasets_upload(
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="the file to upload")],
+    name: Annotated[Optional[str], typer.Option(help="default: the file's name without its extension")] = None,
+    label_column: Annotated[
+        Optional[str], typer.Option(help="csv, parquet: the column of labels (default: label)")
+    ] = None,
+    image_size: Annotated[
+        Optional[str], typer.Option(help="imagefolder: resize the images to HxW, or N for NxN")
+    ] = None,
+    task: Annotated[
+        Optional[UploadTask], typer.Option(help="default: guessed from the labels (floats: regression)")
+    ] = None,
+    data_format: Annotated[
+        Optional[UploadFormat], typer.Option("--format", help="default: from the file's name, else detected")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the Dataset as JSON")] = False,
+) -> None:
+    """Upload a dataset file (streamed, with a progress bar on a terminal); prints its id (or the
+    Dataset as JSON). The same content uploaded again gives back the dataset it already made."""
+    options = {"name": name, "label_column": label_column, "image_size": image_size}
+    options |= {"task": task.value if task else None, "format": data_format.value if data_format else None}
+    with client_from_settings() as client:
+        had = {d["id"] for d in call(client.datasets) if not d["built_in"]}
+        dataset = send_dataset(client, path, options)
+    if dataset["id"] in had:
+        console.print(f"already uploaded as {dataset['id']} (named {escape(repr(dataset['name']))})")
+    if as_json:
+        print(json.dumps(dataset, indent=2))
+    else:
+        print(dataset["id"])
+
+
+def send_dataset(client: TrainhubClient, path: Path, options: dict[str, str | None]) -> dict:
+    """POST the file at `path` with a bar of the bytes sent (on stderr, on a terminal only); the Dataset."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    shown = escape(path.name)
+    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+        task = progress.add_task(f"uploading {shown}", total=path.stat().st_size)
+
+        def sent(done: int, total: int) -> None:
+            step = f"{shown} sent; the server reads and checks it…" if done >= total else f"uploading {shown}"
+            progress.update(task, completed=done, total=total, description=step)
+
+        return call(client.upload_dataset, path, on_progress=sent, **options)
+
+
+@datasets_cli.command("list")
+def datasets_list(as_json: Annotated[bool, typer.Option("--json", help="print the Datasets as JSON")] = False) -> None:
+    """The built-in datasets this deployment has (pass their name to --dataset), then yours,
+    newest first (pass their id)."""
+    with client_from_settings() as client:
+        datasets = call(client.datasets)
+    if as_json:
+        print(json.dumps(datasets, indent=2))
+        return
+    table = Table(title="datasets")
+    table.add_column("id", no_wrap=True)
+    for column in ("name", "task", "input shape", "classes", "train", "test", "bytes", "created"):
+        table.add_column(column, justify="right" if column in ("classes", "train", "test", "bytes") else "left")
+    for dataset in datasets:
+        table.add_row(
+            "built-in" if dataset["built_in"] else dataset["id"],
+            escape(dataset["name"]),
+            dataset["task"],
+            _shape(dataset["input_shape"]),
+            str(dataset["num_classes"] or "-"),
+            f"{dataset['train_size']:,}",
+            f"{dataset['test_size']:,}",
+            _bytes(dataset.get("bytes")),
+            (dataset.get("created_at") or "")[:16].replace("T", " "),
+        )
+    Console().print(table)
+
+
+@datasets_cli.command("show")
+def datasets_show(
+    dataset_id: Annotated[str, typer.Argument(help="the id `trainhub datasets list` shows")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the Dataset as JSON")] = False,
+) -> None:
+    """One of your datasets: format, task, shapes, classes, split sizes, bytes and sha256."""
+    with client_from_settings() as client:
+        dataset = call(client.get_dataset, dataset_id)
+    if as_json:
+        print(json.dumps(dataset, indent=2))
+        return
+    table = Table(title=f"dataset {dataset['id']}", show_header=False)
+    rows = {
+        "name": escape(dataset["name"]),
+        "data": f"{dataset['format']}, {dataset['task']}, input shape {_shape(dataset['input_shape'])}",
+        "classes": _classes(dataset),
+        "examples": f"{dataset['train_size']:,} train, {dataset['test_size']:,} test"
+        + ("" if dataset["test_size"] else " (submit with --validation-split to hold out a test split)"),
+        "bytes": f"{_bytes(dataset['bytes'])} stored, {_bytes(dataset['upload_bytes'])} uploaded",
+        "sha256": dataset["sha256"],
+        "created": dataset["created_at"],
+    }
+    for field, value in rows.items():
+        table.add_row(field, value)
+    Console().print(table)
+
+
+@datasets_cli.command("delete")
+def datasets_delete(dataset_id: Annotated[str, typer.Argument(help="the id `trainhub datasets list` shows")]) -> None:
+    """Delete one of your datasets and its stored data. Refused (exit 1) while a queued or running
+    job uses it; finished jobs that trained on it keep their results."""
+    with client_from_settings() as client:
+        dataset = call(client.get_dataset, dataset_id)
+        call(client.delete_dataset, dataset["id"])
+    print(f"deleted dataset {dataset['id']} named {dataset['name']!r} ({_bytes(dataset['bytes'])})")
+
+
+def _classes(dataset: dict, shown: int = 20) -> str:
+    """e.g. "3: cat, dog, bird"; "-" for a regression dataset."""
+    names = dataset["class_names"] or []
+    if not dataset["num_classes"]:
+        return "-"
+    listed = ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+    return f"{dataset['num_classes']}: {escape(listed)}" if names else str(dataset["num_classes"])
+
+
+def _shape(shape: list[int]) -> str:
+    return "x".join(str(n) for n in shape)
+
+
+def _bytes(size: int | None) -> str:
+    from rich.filesize import decimal
+
+    return "" if size is None else decimal(size)
 
 
 __all__ = ["cli", "main", "FINISHED"]

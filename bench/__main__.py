@@ -16,14 +16,19 @@ One run measures, on the same data and machine, in turns:
 5. the service: uvicorn and a cpu worker over PostgreSQL and Redis; identical jobs run cold
    then warm (submit-to-succeeded minus the job's setup_s + train_s; the JAX compilation
    cache), then consecutive jobs while the worker's resident memory is read;
-6. the API under load from a second process: POST /jobs flat out, then GET /jobs/{id} at a
+6. uploads and the dataset cache (bench/datasets.py): a 1 GiB body streamed through the API to
+   disk and hashed (refused after, so validation is not timed) while the API's resident memory
+   is sampled, against `cp` of the same file; a valid 50 MB CSV uploaded end to end; a job's
+   data_s on that dataset with the worker's cache cold, then warm;
+7. the API under load from a second process: POST /jobs flat out, then GET /jobs/{id} at a
    steady rate; every accepted job must be stored and queued exactly once.
 
 It prints the tables and a PASS/FAIL line per target of issue 3, and writes bench/results.json.
 `--quick` runs every part at toy sizes (1-2 minutes): a smoke test of the code, not a
-measurement. `--only api` runs part 6 alone (the service started, no training jobs), for work on
+measurement. `--only api` runs part 7 alone (the service started, no training jobs), for work on
 the API's throughput. The service parts use their own database and Redis db (see --database-url,
---redis-url) and are skipped, saying why, when those are unreachable.
+--redis-url; the database is created when the server has none of its name) and are skipped,
+saying why, when those are unreachable.
 """
 
 from __future__ import annotations
@@ -82,6 +87,12 @@ class Config:
     cnn_epochs: int = 3
     cnn_train_limit: int | None = 12800
     cnn_rounds: int = 1
+    # Uploads: a body in no format streamed through the API (and cp of it, alternating, best of
+    # the rounds), a valid CSV end to end, and jobs on it with the dataset cache cold then warm.
+    upload_stream_bytes: int = 1024**3
+    upload_rounds: int = 3
+    upload_csv_bytes: int = 50 * 10**6
+    dataset_train_limit: int = 10000
     loops: tuple[str, ...] = ISSUE_LOOPS
     one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process
 
@@ -90,7 +101,8 @@ class Config:
         return cls(epochs=2, rounds=1, train_limit=1280, test_limit=500, linear_n=1024, linear_epochs=2,
                    linear_rounds=1, service_epochs=1, service_train_limit=1280, rss_jobs=3, rss_train_limit=1280,
                    api_post_s=1.0, api_get_s=1.0, api_get_rate=50.0, api_concurrency=4,
-                   matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, one_process=True)
+                   matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, upload_stream_bytes=64 * 1024**2,
+                   upload_rounds=1, upload_csv_bytes=2 * 10**6, dataset_train_limit=1024, one_process=True)
 
 
 def log(message: str) -> None:
@@ -240,10 +252,10 @@ def breakdown(job: dict) -> str:
 
 
 def measure_service(config: Config, database_url: str, redis_url: str, root: Path,
-                    only_api: bool = False) -> tuple[dict, dict]:
-    """(service results, api results) through the real processes. A part that fails is
-    recorded as skipped with its error (the API part still runs after failed jobs), so the
-    rest of the run is still reported. `only_api`: the API part alone (the jobs are skipped)."""
+                    only_api: bool = False) -> tuple[dict, dict, dict]:
+    """(service results, api results, datasets results) through the real processes. A part that
+    fails is recorded as skipped with its error (the API part still runs after failed jobs), so
+    the rest of the run is still reported. `only_api`: the API part alone (the others skipped)."""
     from bench.service import Service
 
     service = Service(database_url, redis_url, root, api_workers=config.api_workers)
@@ -255,7 +267,7 @@ def measure_service(config: Config, database_url: str, redis_url: str, root: Pat
         except Exception as exc:
             message = f"the service did not start: {type(exc).__name__}: {exc}"
             log(message)
-            return {"skipped": message}, {"skipped": message}
+            return {"skipped": message}, {"skipped": message}, {"skipped": message}
         try:
             if only_api:
                 service_out["skipped"] = "--only api"
@@ -264,6 +276,13 @@ def measure_service(config: Config, database_url: str, redis_url: str, root: Pat
         except Exception as exc:
             service_out["skipped"] = f"service jobs failed: {type(exc).__name__}: {exc}"
             log(service_out["skipped"])
+        datasets_out: dict = {"skipped": "--only api"} if only_api else {}
+        if not only_api:
+            try:
+                datasets_out = measure_datasets(config, service, root)
+            except Exception as exc:
+                datasets_out = {"skipped": f"uploads failed: {type(exc).__name__}: {exc}"}
+                log(datasets_out["skipped"])
         try:
             api_out = measure_api(config, service, database_url, redis_url)
         except Exception as exc:
@@ -271,7 +290,14 @@ def measure_service(config: Config, database_url: str, redis_url: str, root: Pat
             log(api_out["skipped"])
     finally:
         service.stop()
-    return service_out, api_out
+    return service_out, api_out, datasets_out
+
+
+def measure_datasets(config: Config, service, root: Path) -> dict:
+    """Uploads through the API and the dataset cache (bench/datasets.py)."""
+    from bench import datasets
+
+    return datasets.measure(service, config, root, log)
 
 
 def measure_jobs(config: Config, service, service_out: dict) -> None:
@@ -336,22 +362,34 @@ def measure_api(config: Config, service, database_url: str, redis_url: str) -> d
     return api_out
 
 
+def services_unavailable(database_url: str, redis_url: str) -> str | None:
+    """None when the service parts can run: the database is created if the server lacks it
+    (`make bench`'s `bench`), then PostgreSQL and Redis must answer. Otherwise why not, in words."""
+    from bench.service import check_reachable, ensure_database
+
+    try:
+        if ensure_database(database_url):
+            log(f"created the database {database_url}")
+    except Exception as exc:  # the server is down, or this role may not create databases
+        why = check_reachable(database_url, redis_url)
+        return why and f"{why}; creating it failed too ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    return check_reachable(database_url, redis_url)
+
+
 def run_api_only(config: Config, args: argparse.Namespace) -> int:
     """`--only api`: the service started, the API load and its verdicts; nothing else."""
-    from bench.service import check_reachable
-
     started = time.perf_counter()
     results: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
                      "only": "api", "config": asdict(config),
                      "host": {"cpus": len(os.sched_getaffinity(0)), "load_avg_at_start": os.getloadavg()}}
-    why = check_reachable(args.database_url, args.redis_url)
+    why = services_unavailable(args.database_url, args.redis_url)
     if why:
         log(f"API part skipped: {why}")
         results["api"] = {"skipped": why}
     else:
         with tempfile.TemporaryDirectory(prefix="trainhub-bench-") as tmp:
-            _, results["api"] = measure_service(config, args.database_url, args.redis_url, Path(tmp) / "service",
-                                                only_api=True)
+            _, results["api"], _ = measure_service(config, args.database_url, args.redis_url,
+                                                   Path(tmp) / "service", only_api=True)
     names = ("POST /jobs accepted rate", "every accepted job stored and queued exactly once", "GET /jobs/")
     verdicts = [c for c in report.criteria(results) if c.name.startswith(names)]
     results["criteria"] = [c.to_dict() for c in verdicts]
@@ -373,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="PostgreSQL for the service parts (env TRAINHUB_BENCH_DATABASE_URL)")
     parser.add_argument("--redis-url", default=os.environ.get("TRAINHUB_BENCH_REDIS_URL", DEFAULT_REDIS_URL),
                         help="Redis for the service parts (env TRAINHUB_BENCH_REDIS_URL)")
-    parser.add_argument("--skip-service", action="store_true", help="skip the service and API parts")
+    parser.add_argument("--skip-service", action="store_true", help="skip the service, uploads and API parts")
     parser.add_argument("--skip-cnn", action="store_true", help="skip the CNN rows (both trainers on the CNN)")
     parser.add_argument("--only", choices=["api"], help="run one part alone: api (POST and GET load against the "
                                                         "service; results written only with --out)")
@@ -437,17 +475,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.skip_service:
             results["service"] = {"skipped": "--skip-service"}
             results["api"] = {"skipped": "--skip-service"}
+            results["datasets"] = {"skipped": "--skip-service"}
         else:
-            from bench.service import check_reachable
-
-            why = check_reachable(args.database_url, args.redis_url)
+            why = services_unavailable(args.database_url, args.redis_url)
             if why:
                 message = f"service and API parts skipped: {why}"
                 log(message)
                 results["service"] = {"skipped": message}
                 results["api"] = {"skipped": message}
+                results["datasets"] = {"skipped": message}
             else:
-                results["service"], results["api"] = measure_service(
+                results["service"], results["api"], results["datasets"] = measure_service(
                     config, args.database_url, args.redis_url, root / "service")
                 results["service"]["database_url"] = args.database_url
                 results["service"]["redis_url"] = args.redis_url
@@ -479,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     service_lines = report.service_table(results)
     if service_lines:
         lines += [*service_lines, ""]
+    dataset_lines = report.datasets_table(results)
+    if dataset_lines:
+        lines += [*dataset_lines, ""]
     lines += report.criteria_lines(verdicts)
     passed = sum(c.passed is True for c in verdicts)
     failed = sum(c.passed is False for c in verdicts)

@@ -16,6 +16,7 @@ LINEAR_FACTOR, LINEAR_TOLERANCE = 4.0, 0.10  # 4 x the samples costs 4 x (+-10%)
 RSS_TOLERANCE = 0.10       # worker RSS after 20 jobs within 10% of after the first
 POST_RATE = 150.0          # accepted POST /jobs per second, for 10 s
 GET_RATE, GET_P99_MS = 200.0, 25.0  # GET /jobs/{id} offered at 200/s: p99 <= 25 ms
+UPLOAD_RSS_MB = 100.0      # the API's resident memory grows by < 100 MB while a 1 GB upload streams
 
 # The seed each trainer loop is held against.
 SEED_OF = {"jax_trainer": "jax_seed", "torch_trainer": "torch_seed", "torch_compile": "torch_seed",
@@ -139,6 +140,8 @@ def criteria(results: dict) -> list[Criterion]:
         out.append(Criterion("worker RSS after 20 consecutive jobs", f"within {RSS_TOLERANCE:.0%}", "not measured",
                              None, note=service.get("skipped", "")))
 
+    out.append(upload_rss_criterion(results))
+
     api = results.get("api", {})
     post, integrity, get = api.get("post"), api.get("integrity"), api.get("get")
     if post and integrity:
@@ -166,6 +169,51 @@ def criteria(results: dict) -> list[Criterion]:
         out.append(Criterion(f"GET /jobs/{{id}} p99 at {GET_RATE:g}/s offered", f"<= {GET_P99_MS:g} ms",
                              "not measured", None, note=(get or {}).get("error") or api.get("skipped", "")))
     return out
+
+
+def upload_rss_criterion(results: dict) -> Criterion:
+    """The API's RSS growth while the large upload streamed; a FAIL flags an upload held in memory."""
+    datasets = results.get("datasets", {})
+    stream = datasets.get("stream")
+    target = f"< {UPLOAD_RSS_MB:g} MB"
+    if not stream:
+        return Criterion("API RSS growth during a large upload", target, "not measured", None,
+                         note=datasets.get("skipped", ""))
+    growth_mb = stream["rss_growth_bytes"] / 1e6
+    return Criterion(
+        f"API RSS growth during a {stream['bytes'] / 1e6:.0f} MB upload", target,
+        f"{growth_mb:+.1f} MB (the most any of the {stream['api_processes']} uvicorn processes grew, "
+        f"worst of {stream['rounds']} upload(s))",
+        growth_mb < UPLOAD_RSS_MB, note=stream["what"])
+
+
+def datasets_table(results: dict) -> list[str]:
+    """The upload rows (each rate against cp of the same file on the same disk, same run) and the
+    dataset cache's cold and warm data_s."""
+    datasets = results.get("datasets", {})
+    stream, valid, cache = datasets.get("stream"), datasets.get("valid"), datasets.get("data_cache")
+    if not (stream or valid or cache):
+        return []
+    header = (f"{'upload':<40} {'MB':>7} {'seconds':>8} {'MB/s':>7} {'cp MB/s':>8} {'x cp':>6} "
+              f"{'API RSS +MB':>11}")
+    lines = [header, "-" * len(header)]
+    titles = (("stream", "body to disk + sha256 (422; no validation)"),
+              ("valid", "valid CSV, end to end (201)"))
+    for key, title in titles:
+        if row := datasets.get(key):
+            flag = " (over the limit)" if key == "stream" and row["rss_growth_bytes"] >= UPLOAD_RSS_MB * 1e6 else ""
+            lines.append(f"{title:<40} {row['bytes'] / 1e6:>7.0f} {row['upload_s']:>8.2f} {row['rate_mb_s']:>7.0f} "
+                         f"{row['cp_rate_mb_s']:>8.0f} {row['vs_cp']:>6.2f} {row['rss_growth_bytes'] / 1e6:>11.1f}"
+                         f"{flag}")
+    if stream:
+        lines.append(f"x cp: the upload's rate over cp's of the same file into the API's upload folder, "
+                     f"best of {stream['rounds']} each (same run)")
+        lines.append(f"the first row: {stream['what']}")
+    if cache:
+        lines.append(f"dataset cache ({cache['dataset_bytes'] / 1e6:.1f} MB stored form): data_s cold (miss) "
+                     f"{_fmt(cache['cold_data_s'], 4)} s, warm (hit) {_fmt(cache['warm_data_s'], 4)} s, "
+                     f"warm/cold {_fmt(cache['warm_vs_cold'], 4)}; data_cache_hit {cache['hits']}")
+    return lines
 
 
 def _loop_header(first: str, ratio: str) -> list[str]:

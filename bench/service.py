@@ -4,7 +4,8 @@ and Redis, started the way tests/e2e/conftest.py starts them.
 - `Service.start` runs `uvicorn app.main:app` and `python -m workers --hardware cpu` with the
   bench's own database, Redis db, artifact dir and a fresh JAX compilation cache;
 - `run_job` submits a job over HTTP, waits for it and measures submit-to-succeeded;
-- `job_series` runs jobs one after another, reading the worker's resident memory after each.
+- `job_series` runs jobs one after another, reading the worker's resident memory after each;
+- `ensure_database` creates the bench's PostgreSQL database when the server has none.
 """
 
 from __future__ import annotations
@@ -26,6 +27,48 @@ from bench.procs import die_with_parent
 # The queues bench jobs go to: the worker's, and tpu.jax, which no bench worker consumes.
 BENCH_QUEUES = ("cpu.jax", "cpu.pytorch", "tpu.jax")
 QUOTAS = {"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE": "1000000", "TRAINHUB_MAX_QUEUED_JOBS_PER_KEY": "1000000"}
+# The upload limits the datasets part needs (the defaults), whatever the caller's environment says:
+# a 1 GiB body must be streamed in full, not refused from its Content-Length, and the 50 MB CSV
+# (~260,000 rows) must be accepted.
+UPLOAD_LIMITS = {"TRAINHUB_MAX_DATASET_BYTES": str(2 * 1024**3),
+                 "TRAINHUB_MAX_DATASET_BYTES_PER_KEY": str(20 * 1024**3),
+                 "TRAINHUB_MAX_DATASET_EXAMPLES": "1000000"}
+
+
+def ensure_database(database_url: str) -> bool:
+    """Create the PostgreSQL database that `database_url` names when the server has none of that
+    name (`make bench` uses its own, `bench`; the API migrates it at start). True when it was
+    created now; False when it was there already or the URL is not PostgreSQL. Raises what
+    connecting to the server's `postgres` database raises."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ProgrammingError
+
+    url = make_url(database_url)
+    if not url.drivername.startswith("postgresql") or not url.database or url.database == "postgres":
+        return False
+    # CREATE DATABASE runs outside a transaction, from another database of the same server.
+    engine = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT",
+                           connect_args={"connect_timeout": 3})
+
+    def exists(connection) -> bool:
+        return connection.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"),
+                                  {"n": url.database}).first() is not None
+
+    try:
+        with engine.connect() as connection:
+            if exists(connection):
+                return False
+            try:
+                name = connection.dialect.identifier_preparer.quote(url.database)
+                connection.execute(text(f"CREATE DATABASE {name}"))
+            except ProgrammingError:  # another bench created it meanwhile
+                if exists(connection):
+                    return False
+                raise
+            return True
+    finally:
+        engine.dispose()
 
 
 def check_reachable(database_url: str, redis_url: str) -> str | None:
@@ -88,6 +131,10 @@ class Service:
             "TRAINHUB_VAR_DIR": str(self.root / "var"),
             # A fresh cache, so the first JAX job compiles for real and the second may reuse it.
             "TRAINHUB_COMPILE_CACHE_DIR": str(self.root / "jax-cache"),
+            # Fresh too: the first job on an uploaded dataset is a cache miss, the second a hit.
+            "TRAINHUB_DATASET_CACHE_DIR": str(self.root / "dataset-cache"),
+            "TRAINHUB_UPLOAD_DIR": str(self.root / "uploads"),
+            **UPLOAD_LIMITS,
             # The per-key quotas (60 jobs a minute, 100 queued by default) would stop the load
             # test of the API after a second; it measures the API, so the operator raises them.
             **QUOTAS,

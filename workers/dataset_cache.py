@@ -53,10 +53,16 @@ class Fetched:
 
 
 class DatasetCorrupt(Exception):
-    """The bytes downloaded from `location` do not hash to the expected sha256, twice in a row."""
+    """The bytes downloaded from `location` do not hash to the expected sha256, twice in a row.
+
+    `str()` is for the job's user (no server paths); `detail` for the worker's log."""
 
     def __init__(self, location: str, expected: str, got: str) -> None:
-        super().__init__(f"dataset at {location}: expected sha256 {expected}, got {got} (after one retry)")
+        super().__init__(
+            f"the stored copy of the dataset (sha256 {expected}) is damaged: it hashes to {got}; "
+            "upload the dataset again (the service's operators find the details in the worker's log)"
+        )
+        self.detail = f"dataset at {location}: expected sha256 {expected}, got {got} (after one retry)"
         self.location = location
         self.expected = expected
         self.got = got

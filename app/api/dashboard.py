@@ -73,6 +73,19 @@ def comparison_page(request: Request, comparison_id: Id) -> HTMLResponse:
     return page(request, "comparison.html", active="comparisons", comparison_id=comparison_id)
 
 
+@router.get("/ui/datasets", response_class=HTMLResponse)
+def datasets_page(request: Request) -> HTMLResponse:
+    """The built-in datasets and the key's uploaded ones."""
+    return page(request, "datasets.html", active="datasets")
+
+
+@router.get("/ui/datasets/{dataset_id}", response_class=HTMLResponse)
+def dataset_page(request: Request, dataset_id: Id) -> HTMLResponse:
+    """One dataset, by its id (uploaded) or its name (built-in): shapes, classes, sizes, the jobs
+    that trained on it, delete."""
+    return page(request, "dataset.html", active="datasets", dataset_id=dataset_id)
+
+
 @router.get("/ui/workers", response_class=HTMLResponse)
 def workers_page(request: Request) -> HTMLResponse:
     """Who is online, what each serves, and the queue depths."""

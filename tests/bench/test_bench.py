@@ -5,15 +5,18 @@ quick run is far too small for its numbers to mean anything.
 """
 
 import json
+import os
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
-from bench import report
+from bench import datasets, report
 from bench.__main__ import summarize_loop
 from bench.flops import cnn_macs_per_sample, mlp_flops_per_epoch
-from bench.service import check_reachable
+from bench.service import check_reachable, ensure_database
 from tests.e2e.conftest import forget_unfinished_jobs
 
 LOOPS = ["jax_seed", "jax_trainer", "torch_seed", "torch_seed_tensor", "torch_trainer", "torch_compile"]
@@ -103,9 +106,137 @@ def test_quick_run_goes_through_the_service(quick):
     assert api["get"]["statuses"] == {"200": api["get"]["requests"]}
 
 
+@pytest.mark.e2e
+def test_quick_run_uploads_and_reads_the_dataset_cache(quick, database_url):
+    stdout, results = quick
+    config, uploads = results["config"], results["datasets"]
+    assert "skipped" not in uploads, uploads["skipped"]
+
+    # The large body: streamed in full, then refused (it is in no format), beside cp of it.
+    stream = uploads["stream"]
+    assert stream["status"] == 422 and stream["bytes"] == config["upload_stream_bytes"]
+    assert "validation not included" in stream["what"]
+    assert len(stream["upload_s_by_round"]) == len(stream["cp_s_by_round"]) == config["upload_rounds"]
+    assert stream["rate_mb_s"] > 0 and stream["cp_rate_mb_s"] > 0 and stream["vs_cp"] > 0
+    assert stream["api_processes"] >= 1 and isinstance(stream["rss_growth_bytes"], int)
+    # Streamed, not held: the API grew by well under the body it received.
+    assert stream["rss_growth_bytes"] < stream["bytes"] / 2, stream["rss_growth_by_round"]
+    # The valid CSV, end to end: stored with the shape it was written with.
+    valid = uploads["valid"]
+    assert valid["status"] == 201 and valid["bytes"] >= config["upload_csv_bytes"]
+    assert valid["rate_mb_s"] > 0 and valid["vs_cp"] > 0
+    assert valid["dataset"]["train_size"] == valid["rows"]
+    assert valid["dataset"]["input_shape"] == [datasets.CSV_FEATURES]
+    assert valid["dataset"]["num_classes"] == datasets.CSV_CLASSES
+    # Two jobs on it: the first fetched it into the worker's cache, the second found it there.
+    cache = uploads["data_cache"]
+    assert cache["hits"] == [0.0, 1.0]
+    assert [job["label"] for job in cache["jobs"]] == ["cold", "warm"]
+    assert cache["cold_data_s"] > 0 and cache["warm_data_s"] >= 0 and cache["warm_vs_cold"] >= 0
+    # The verdict on the API's memory and the rows are printed.
+    rss = [c for c in results["criteria"] if c["name"].startswith("API RSS growth during a")]
+    assert len(rss) == 1 and rss[0]["passed"] in (True, False)
+    assert "body to disk + sha256" in stdout and "valid CSV, end to end" in stdout and "dataset cache" in stdout
+    # The dataset is deleted afterwards (a later run's record of the same content would point
+    # at this run's deleted artifact dir).
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            left = connection.execute(text("SELECT count(*) FROM datasets WHERE id = :i"),
+                                      {"i": valid["dataset"]["id"]}).scalar_one()
+    finally:
+        engine.dispose()
+    assert left == 0
+
+
 def test_unreachable_services_are_named():
     why = check_reachable("postgresql+psycopg://postgres@127.0.0.1:1/nowhere", "redis://127.0.0.1:1/0")
     assert why and "127.0.0.1:1" in why
+
+
+def test_a_missing_bench_database_is_created():
+    """`make bench` creates its `bench` database; here a throwaway one on the test server (the
+    test database itself is left alone)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from tests.conftest import DEFAULT_DATABASE_URL, _unavailable
+
+    server = make_url(os.environ.get("TRAINHUB_TEST_DATABASE_URL", DEFAULT_DATABASE_URL))
+    name = f"trainhub_bench_probe_{os.getpid()}"
+    url = server.set(database=name).render_as_string(hide_password=False)
+    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT",
+                          connect_args={"connect_timeout": 3})
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        _unavailable("PostgreSQL", exc)
+    try:
+        assert ensure_database(url) is True
+        assert ensure_database(url) is False  # there now
+        assert check_reachable(url, "redis://127.0.0.1:1/0").startswith("Redis")  # the database answers
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+    assert ensure_database("sqlite:///nowhere.db") is False
+
+
+def test_bench_csv_is_a_valid_upload(tmp_path):
+    from app.datasets.formats import UploadOptions, parse_upload
+
+    csv = datasets.write_csv(tmp_path / "table.csv", 300_000, seed=1)
+    assert csv["bytes"] >= 300_000
+    data = parse_upload(tmp_path / "table.csv", UploadOptions(filename="table.csv"))
+    assert data.task == "classification" and data.x_train.shape == (csv["rows"], datasets.CSV_FEATURES)
+    assert set(np.unique(data.y_train)) == set(range(datasets.CSV_CLASSES))
+    assert data.x_test is None  # no split column: jobs on it set validation_split
+
+
+def test_stream_body_is_in_no_upload_format(tmp_path):
+    from app.datasets.formats import DatasetRejected, UploadOptions, detect_format
+
+    body = datasets.write_stream_body(tmp_path / "stream.bin", 3 * 2**20 + 5)
+    assert body.stat().st_size == 3 * 2**20 + 5
+    with pytest.raises(DatasetRejected) as refused:
+        detect_format(body, UploadOptions(filename=None))
+    assert refused.value.status == 422
+
+
+def test_rss_sampler_sees_the_tree_and_its_growth():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while child.pid not in datasets.process_tree(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.pid in datasets.process_tree(os.getpid())
+        sampler = datasets.RssSampler(os.getpid()).start()
+        held = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB, every page touched
+        sampler.stop()
+        assert sampler.growth_bytes() >= 48 * 2**20
+        assert sampler.to_dict()["processes"] >= 2
+        del held
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_upload_rss_over_the_limit_is_flagged():
+    stream = {"bytes": 2**30, "rounds": 2, "api_processes": 3, "what": datasets.STREAM_WHAT,
+              "upload_s": 2.0, "rate_mb_s": 537.0, "cp_s": 1.0, "cp_rate_mb_s": 1074.0, "vs_cp": 0.5}
+    held = {"datasets": {"stream": {**stream, "rss_growth_bytes": 150 * 10**6}}}
+    streamed = {"datasets": {"stream": {**stream, "rss_growth_bytes": 2 * 10**6}}}
+
+    assert report.upload_rss_criterion(held).passed is False
+    assert report.upload_rss_criterion(streamed).passed is True
+    assert any("(over the limit)" in line for line in report.datasets_table(held))
+    assert not any("(over the limit)" in line for line in report.datasets_table(streamed))
+    skipped = report.upload_rss_criterion({"datasets": {"skipped": "no database"}})
+    assert skipped.passed is None and skipped.note == "no database"
 
 
 def test_flops_follow_the_issue():
@@ -156,6 +287,7 @@ def test_verdicts_pass_fail_and_not_measured():
     assert verdicts["cost linear in samples, jax"] is True
     assert verdicts["service overhead, warm worker"] is None
     assert verdicts["POST /jobs accepted rate"] is None
+    assert verdicts["API RSS growth during a large upload"] is None
     lines = report.criteria_lines(report.criteria(results))
     assert any(line.startswith("[SKIP] service overhead") for line in lines)
     assert any("no database" in line for line in lines)

@@ -61,6 +61,20 @@ class Service:
         return process
 
 
+def damaged_dataset_job(service: Service, client: TrainhubClient, tmp_path: Path, **spec) -> dict:
+    """A job on an uploaded dataset whose stored copy was then damaged (as a disk or a bucket
+    may): the worker's fetch finds the sha256 wrong and fails it `dataset_corrupt`."""
+    import numpy as np
+
+    rng = np.random.default_rng()
+    csv = tmp_path / "damaged.csv"
+    csv.write_text("a,b,label\n" + "".join(f"{rng.random()},{rng.random()},{i % 2}\n" for i in range(40)))
+    dataset = client.upload_dataset(csv)
+    (service.artifact_dir / "datasets" / f"{dataset['sha256']}.safetensors").write_bytes(b"damaged")
+    body = {"framework": "jax", "dataset": {"id": dataset["id"], "validation_split": 0.25}, "batch_size": 8, **spec}
+    return client.submit(body)
+
+
 def forget_unfinished_jobs(database_url: str) -> None:
     """End what earlier tests left queued or running, so this module's workers (whose reconciler
     resends queued jobs to an emptied broker) do not run them."""

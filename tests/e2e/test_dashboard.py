@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import damaged_dataset_job
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 DIGITS = {"dataset": {"name": "digits"}, "batch_size": 64}
@@ -80,7 +82,7 @@ def wait_for_points(page, chart: str, more_than: int, timeout_s: float = 60.0) -
     return count
 
 
-def test_watch_training_compare_and_download_in_the_browser(service, page, shots):
+def test_watch_training_compare_and_download_in_the_browser(service, page, shots, tmp_path):
     from playwright.sync_api import expect
 
     key = service.new_key("browser")
@@ -88,7 +90,7 @@ def test_watch_training_compare_and_download_in_the_browser(service, page, shots
         done = client.wait(client.submit({**DIGITS, "framework": "jax", "epochs": 2, "name": "finished-one"})["id"],
                            timeout_s=120)
         assert done["status"] == "succeeded", done["error"]
-        broken = client.submit({"framework": "jax", "dataset": {"name": "mnist"}, "epochs": 1, "name": "no-data"})
+        broken = damaged_dataset_job(service, client, tmp_path, epochs=1, name="no-data")
         running = client.submit({**DIGITS, "framework": "pytorch", "epochs": 300, "name": "long-one"})
 
     # sign in: a wrong key is refused, the right one shows the list
@@ -105,7 +107,7 @@ def test_watch_training_compare_and_download_in_the_browser(service, page, shots
     expect(finished_row).to_contain_text(f"{100 * done['result']['test_accuracy']:.2f}%")
     # the list updates live: the long job is seen starting without a reload
     expect(page.locator(f'tr[data-job-id="{running["id"]}"] .badge')).to_have_text("running", timeout=90_000)
-    expect(page.locator(f'tr[data-job-id="{broken["id"]}"]')).to_contain_text("data_not_found")
+    expect(page.locator(f'tr[data-job-id="{broken["id"]}"]')).to_contain_text("dataset_corrupt")
     page.select_option("#filter-status", "succeeded")
     expect(rows).to_have_count(1)
     expect(page).to_have_url(re.compile(r"/\?status=succeeded$"))
@@ -131,8 +133,8 @@ def test_watch_training_compare_and_download_in_the_browser(service, page, shots
 
     # a failed job says why, plainly
     page.goto(f"{service.url}/ui/jobs/{broken['id']}")
-    expect(page.locator("#job-error")).to_contain_text("Failed: data_not_found")
-    expect(page.locator("#job-error")).to_contain_text("TRAINHUB_DATA_DIR")
+    expect(page.locator("#job-error")).to_contain_text("Failed: dataset_corrupt")
+    expect(page.locator("#job-error")).to_contain_text("upload the dataset again")
     page.screenshot(path=shots / "04-failed-job.png", full_page=True)
 
     # a comparison: found in the list, the side-by-side table and both loss curves overlaid

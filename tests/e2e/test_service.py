@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from app.client import ApiError
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import damaged_dataset_job, wait_for
 
 DIGITS = {"dataset": {"name": "digits"}, "epochs": 3, "batch_size": 64}
 
@@ -117,16 +117,20 @@ def test_duplicate_delivery_does_not_run_a_job_twice(service):
         assert len(again["metrics"]) == 1 and len(again["artifacts"]) == 4
 
 
-def test_missing_data_fails_with_how_to_get_it_and_worker_goes_on(service):
-    # MNIST is not installed on these machines and the network is closed.
+def test_missing_data_is_refused_or_fails_clearly_and_worker_goes_on(service, tmp_path):
+    # MNIST is not installed on these machines and the network is closed: the worker says so in
+    # its heartbeat, so a job naming it is refused at submit, with how to get it.
     with service.client() as client:
-        job = client.wait(client.submit({"framework": "jax", "dataset": {"name": "mnist"}, "epochs": 1})["id"],
-                          timeout_s=180)
+        with pytest.raises(ApiError) as refused:
+            client.submit({"framework": "jax", "dataset": {"name": "mnist"}, "epochs": 1})
+        assert refused.value.status_code == 422 and "'mnist' is not installed" in str(refused.value)
+        assert "fashion-mnist" in str(refused.value)  # what the workers do have
+        # Data damaged after upload is found by the worker's hash check: the job fails plainly.
+        job = client.wait(damaged_dataset_job(service, client, tmp_path, epochs=1)["id"], timeout_s=180)
         assert job["status"] == "failed"
-        assert job["error"]["type"] == "data_not_found"
-        assert "TRAINHUB_DATA_DIR" in job["error"]["message"]
-        assert "/root" not in job["error"]["message"] and "/home" not in job["error"]["message"]
-        assert ".cache" not in job["error"]["message"]
+        assert job["error"]["type"] == "dataset_corrupt", job["error"]
+        assert "upload the dataset again" in job["error"]["message"]
+        assert str(service.artifact_dir) not in job["error"]["message"] and "/tmp" not in job["error"]["message"]
         assert job["metrics"] == [] and job["artifacts"] == []
         after = client.wait(client.submit({**DIGITS, "framework": "pytorch", "epochs": 1})["id"], timeout_s=120)
         assert after["status"] == "succeeded"

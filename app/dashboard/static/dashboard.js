@@ -81,6 +81,17 @@
     return h("span", {class: "progress"}, h("span", {class: "bar"}, fill), `${progress.epoch}/${progress.epochs}`);
   }
 
+  const given = (value) => value !== null && value !== undefined;
+
+  // [28, 28, 1] -> "28×28×1"; a table's [30] -> "30".
+  const shape = (dims) => (dims || []).join("×");
+
+  function modelText(model) {
+    const dense = JSON.stringify(model.hidden_sizes);
+    const layers = model.name === "cnn" ? `CNN conv ${JSON.stringify(model.channels)}, dense ${dense}` : `MLP ${dense}`;
+    return `${layers}${model.batch_norm ? ", batch norm" : ""}${model.dropout ? `, dropout ${model.dropout}` : ""}`;
+  }
+
   function banner(text) {
     const node = $("banner");
     node.textContent = text || "";
@@ -137,6 +148,52 @@
   async function api(path, options) {
     const response = await fetch(path, {...options, headers: authHeaders({Accept: "application/json"}), cache: "no-store"});
     return (await checked(response)).json();
+  }
+
+  // --- datasets and scores in labels -------------------------------------------------------
+
+  // A spec names a built-in dataset by name and an uploaded one by id only. The names of the
+  // key's uploads come from GET /datasets: fetched once, and again (at most every 30 s) when a
+  // label needs an id not seen yet (a new upload; a deleted one stays its short id).
+  const uploadedNames = new Map();
+  let namesFetched = 0;
+
+  async function learnDatasetNames(specs) {
+    const unknown = specs.some((spec) => spec.dataset.id && !uploadedNames.has(spec.dataset.id));
+    if (!unknown || Date.now() - namesFetched < 30000) return;
+    namesFetched = Date.now();
+    try {
+      for (const dataset of (await api("/datasets")).items) if (dataset.id) uploadedNames.set(dataset.id, dataset.name);
+    } catch (_) {
+      // the labels make do with short ids (a refused key has shown the sign-in already)
+    }
+  }
+
+  const shortId = (id) => id.slice(0, 11);  // "ds_" and 8 hex digits
+  const datasetHref = (data) => `/ui/datasets/${encodeURIComponent(data.id || data.name)}`;
+
+  // A spec's dataset as a link to its page: a built-in one by name; an uploaded one by its name
+  // (when known) and short id.
+  function datasetLabel(data) {
+    if (!data.id) return h("a", {href: datasetHref(data), class: "dataset-link", dataset: {dataset: data.name}}, data.name);
+    const name = uploadedNames.get(data.id);
+    return h("span", {}, h("a", {href: datasetHref(data), class: "dataset-link", title: data.id, dataset: {datasetId: data.id}},
+      name || shortId(data.id)), name ? h("span", {class: "muted small"}, ` ${shortId(data.id)}`) : null);
+  }
+
+  // Regression has no accuracy: RMSE, MAE and R² instead. The dataset's info in the spec says
+  // which task; metrics say it for a spec without one.
+  function isRegression(spec, metrics) {
+    const info = spec.dataset.info;
+    if (info && info.task) return info.task === "regression";
+    return (metrics || []).some((m) => !given(m.test_accuracy) && given(m.test_r2));
+  }
+
+  // The test score of a result or an epoch: accuracy, or RMSE and R² for regression.
+  function scoreText(values, regression) {
+    if (!values) return "–";
+    if (!regression) return percent(values.test_accuracy);
+    return given(values.test_rmse) ? `RMSE ${number(values.test_rmse)} · R² ${number(values.test_r2, 3)}` : "–";
   }
 
   function forgetKey() {
@@ -264,6 +321,7 @@
 
     async function refresh() {
       const page = await api(`/jobs?${new URLSearchParams({...filters(), limit})}`);
+      await learnDatasetNames(page.items.map((job) => job.spec));
       replace($("jobs-body"), page.items.map(jobRow));
       $("jobs-empty").hidden = page.items.length > 0;
       $("more").hidden = !page.next_cursor || limit >= 200;
@@ -275,7 +333,6 @@
 
   function jobRow(job) {
     const last = job.metrics.length ? job.metrics[job.metrics.length - 1] : null;
-    const accuracy = job.result ? job.result.test_accuracy : last ? last.test_accuracy : null;
     const label = job.spec.name || job.id.slice(0, 8);
     return h("tr", {dataset: {jobId: job.id, status: job.status}},
       h("td", {}, h("a", {href: `/ui/jobs/${encodeURIComponent(job.id)}`, class: "job-link"}, label),
@@ -283,8 +340,9 @@
       h("td", {}, badge(job.status)),
       h("td", {}, job.spec.framework),
       h("td", {}, job.spec.hardware),
+      h("td", {class: "dataset"}, datasetLabel(job.spec.dataset)),
       h("td", {}, progressBar(job.progress)),
-      h("td", {class: "num"}, percent(accuracy)),
+      h("td", {class: "num score"}, scoreText(job.result || last, isRegression(job.spec, job.metrics))),
       h("td", {class: "num"}, seconds(duration(job))),
       whyCell(job));
   }
@@ -303,22 +361,43 @@
       .flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
   }
 
+  // Per task: the score chart's caption and series (name, metric), and the epoch table's
+  // columns (heading, metric, format). Regression's loss is the MSE; its score R² (1 is perfect).
+  const TASKS = {
+    classification: {
+      caption: "Accuracy per epoch",
+      series: [["train accuracy", "train_accuracy", COLORS.train], ["test accuracy", "test_accuracy", COLORS.test]],
+      columns: [["train loss", "train_loss", number], ["train accuracy", "train_accuracy", percent],
+        ["test loss", "test_loss", number], ["test accuracy", "test_accuracy", percent]],
+    },
+    regression: {
+      caption: "Test R² per epoch",
+      series: [["test R²", "test_r2", COLORS.test]],
+      columns: [["train loss (MSE)", "train_loss", number], ["test loss (MSE)", "test_loss", number],
+        ["test RMSE", "test_rmse", number], ["test MAE", "test_mae", number], ["test R²", "test_r2", (v) => number(v, 3)]],
+    },
+  };
+
   // The x axis runs to the last epoch so far (a 300-epoch run would squash its first points).
-  function lossCharts(lossFigure, accuracyFigure) {
+  function jobCharts(lossFigure, scoreFigure, task) {
+    scoreFigure.dataset.metric = task.series.map(([, metric]) => metric).join(" ");
+    scoreFigure.querySelector("figcaption").textContent = task.caption;
     return {
       loss: new window.LineChart(lossFigure, [{name: "train loss", color: COLORS.train}, {name: "test loss", color: COLORS.test}],
         {yMin: 0}),
-      accuracy: new window.LineChart(accuracyFigure, [{name: "train accuracy", color: COLORS.train},
-        {name: "test accuracy", color: COLORS.test}]),
+      score: new window.LineChart(scoreFigure, task.series.map(([name, , color]) => ({name, color}))),
     };
   }
 
-  function epochRow(m) {
+  function epochHead(task) {
+    return h("tr", {}, [["epoch"], ...task.columns, ["epoch s"], ["samples/s"]].map(([heading]) => h("th", {class: "num"}, heading)));
+  }
+
+  function epochRow(m, task) {
     return h("tr", {dataset: {epoch: m.epoch}},
-      h("td", {class: "num"}, m.epoch), h("td", {class: "num"}, number(m.train_loss)),
-      h("td", {class: "num"}, percent(m.train_accuracy)), h("td", {class: "num"}, number(m.test_loss)),
-      h("td", {class: "num"}, percent(m.test_accuracy)), h("td", {class: "num"}, number(m.epoch_time_s, 3)),
-      h("td", {class: "num"}, number(m.samples_per_s)));
+      h("td", {class: "num"}, m.epoch),
+      task.columns.map(([, metric, format]) => h("td", {class: "num", dataset: {metric}}, format(m[metric]))),
+      h("td", {class: "num"}, number(m.epoch_time_s, 3)), h("td", {class: "num"}, number(m.samples_per_s)));
   }
 
   async function jobPage() {
@@ -334,7 +413,11 @@
       if (!(error instanceof AuthError) && error.status !== 404) banner(error.message);
       return;
     }
-    const charts = lossCharts($("loss-chart"), $("accuracy-chart"));
+    await learnDatasetNames([job.spec]);
+    const regression = isRegression(job.spec, job.metrics);
+    const task = TASKS[regression ? "regression" : "classification"];
+    const charts = jobCharts($("loss-chart"), $("accuracy-chart"), task);
+    replace($("epochs-head"), epochHead(task));
     const seen = new Set();
     let cancelArmed = null;
 
@@ -343,9 +426,8 @@
       seen.add(m.epoch);
       charts.loss.add("train loss", m.epoch, m.train_loss);
       charts.loss.add("test loss", m.epoch, m.test_loss);
-      charts.accuracy.add("train accuracy", m.epoch, m.train_accuracy);
-      charts.accuracy.add("test accuracy", m.epoch, m.test_accuracy);
-      const rows = [...$("epochs-body").children, epochRow(m)].sort((a, b) => a.dataset.epoch - b.dataset.epoch);
+      for (const [name, metric] of task.series) charts.score.add(name, m.epoch, m[metric]);
+      const rows = [...$("epochs-body").children, epochRow(m, task)].sort((a, b) => a.dataset.epoch - b.dataset.epoch);
       replace($("epochs-body"), rows);
     }
 
@@ -367,12 +449,16 @@
       $("job-waiting").hidden = !job.waiting_reason;
       $("job-waiting").textContent = job.waiting_reason ? `Waiting: ${job.waiting_reason}` : "";
       $("cancel").hidden = FINISHED.includes(job.status);
-      const spec = job.spec, data = spec.dataset;
-      const limits = [data.train_limit && `train ${data.train_limit}`, data.test_limit && `test ${data.test_limit}`].filter(Boolean);
+      const spec = job.spec, data = spec.dataset, info = data.info;
+      const details = [data.train_limit && `train ${data.train_limit}`, data.test_limit && `test ${data.test_limit}`,
+        given(data.validation_split) && `validation split ${data.validation_split}`, data.standardize && "standardized"];
+      const shown = details.filter(Boolean);
       pairs($("job-spec"), [
         ["framework", spec.framework], ["hardware", spec.hardware],
-        ["dataset", `${data.name}${limits.length ? ` (${limits.join(", ")})` : ""}`],
-        ["model", `${spec.model.name} ${JSON.stringify(spec.model.hidden_sizes)}, dropout ${spec.model.dropout}`],
+        ["dataset", h("span", {id: "job-dataset"}, datasetLabel(data), shown.length ? ` (${shown.join(", ")})` : "")],
+        ["task", info ? `${info.task}, input ${shape(info.input_shape)}` +
+          `${info.num_classes ? `, ${info.num_classes} classes` : ""}, ${info.train_size} train / ${info.test_size} test` : null],
+        ["model", modelText(spec.model)],
         ["optimizer", `${spec.optimizer.name}, learning rate ${spec.optimizer.learning_rate}`],
         ["epochs", spec.epochs], ["batch size", spec.batch_size], ["seed", spec.seed],
         ["max runtime", spec.max_runtime_s ? seconds(spec.max_runtime_s) : null],
@@ -391,7 +477,13 @@
     function renderTimings() {
       const timings = Object.entries(job.timings || {}).map(([k, v]) =>
         [k.replace(/_s$/, "").replace(/_/g, " "), k.endsWith("_s") ? seconds(v) : number(v)]);
-      if (job.result) timings.push(["test accuracy", percent(job.result.test_accuracy)], ["test loss", number(job.result.test_loss)]);
+      const result = job.result;
+      if (result && regression) {
+        timings.push(["test RMSE", number(result.test_rmse)], ["test MAE", number(result.test_mae)],
+          ["test R²", number(result.test_r2, 3)], ["test loss (MSE)", number(result.test_loss)]);
+      } else if (result) {
+        timings.push(["test accuracy", percent(result.test_accuracy)], ["test loss", number(result.test_loss)]);
+      }
       if (!timings.length) {
         timings.push(job.started_at ? ["running for", seconds(duration(job))] : ["waiting for", seconds((Date.now() - time(job.created_at)) / 1000)]);
       }
@@ -483,9 +575,10 @@
   function comparisonsPage() {
     every(3000, async () => {
       const items = await api("/comparisons?limit=50");
+      await learnDatasetNames(items.map((c) => c.spec));
       replace($("comparisons-body"), items.map((c) => h("tr", {dataset: {comparisonId: c.id}},
         h("td", {}, h("a", {href: `/ui/comparisons/${encodeURIComponent(c.id)}`}, c.spec.name || c.id.slice(0, 8))),
-        h("td", {}, badge(c.status)), h("td", {}, c.spec.dataset.name), h("td", {}, c.spec.hardware),
+        h("td", {}, badge(c.status)), h("td", {class: "dataset"}, datasetLabel(c.spec.dataset)), h("td", {}, c.spec.hardware),
         h("td", {class: "num"}, c.spec.epochs),
         ...["jax", "pytorch"].map((fw) => h("td", {}, badge(c.jobs[fw].status), " ", progressBar(c.jobs[fw].progress))),
         h("td", {class: "muted"}, new Date(c.created_at).toLocaleString()))));
@@ -507,9 +600,11 @@
         return false;
       }
       const spec = comparison.spec;
+      await learnDatasetNames([spec]);
+      const regression = isRegression(spec, Object.values(comparison.jobs).flatMap((job) => job.metrics));
       replace($("comparison-status"), badge(comparison.status));
-      $("comparison-spec").textContent = `${spec.name ? `${spec.name}: ` : ""}${spec.dataset.name}, MLP ` +
-        `${JSON.stringify(spec.model.hidden_sizes)}, ${spec.epochs} epochs, batch ${spec.batch_size}, on ${spec.hardware}`;
+      replace($("comparison-spec"), spec.name ? `${spec.name}: ` : "", datasetLabel(spec.dataset),
+        `, ${modelText(spec.model)}, ${spec.epochs} epochs, batch ${spec.batch_size}, on ${spec.hardware}`);
       if (!charts) {
         // JAX wide and solid under PyTorch dashed: when both trained the same, both still show.
         const series = () => [{name: "JAX", color: COLORS.jax, width: 4}, {name: "PyTorch", color: COLORS.pytorch, dash: "7 5"}];
@@ -526,7 +621,8 @@
           h("p", {}, badge(job.status), " ", progressBar(job.progress)),
           h("p", {}, h("a", {href: `/ui/jobs/${encodeURIComponent(job.id)}`}, `job ${job.id.slice(0, 8)}`)),
           job.waiting_reason ? h("p", {class: "muted"}, `Waiting: ${job.waiting_reason}`) : null,
-          job.result ? h("p", {}, `test accuracy ${percent(job.result.test_accuracy)}`) : null);
+          job.result ? h("p", {class: "score"}, regression ? `test ${scoreText(job.result, true)}`
+            : `test accuracy ${percent(job.result.test_accuracy)}`) : null);
       }
       const error = comparison.error;
       $("comparison-error").hidden = !error;
@@ -546,6 +642,101 @@
       $("overlap-note").textContent = comparison.overlap_s ? `The two jobs ran at the same time for ${number(comparison.overlap_s, 3)} s: ` +
         "on one host, their timings include that contention." : "";
       return !FINISHED.includes(comparison.status);
+    });
+  }
+
+  // --- datasets ----------------------------------------------------------------------------
+
+  const classesText = (d) => (d.task === "regression" ? "–" : d.num_classes);
+
+  function datasetsPage() {
+    every(5000, async () => {
+      const items = (await api("/datasets")).items;
+      const builtIn = items.filter((d) => d.built_in), uploaded = items.filter((d) => !d.built_in);
+      for (const d of uploaded) uploadedNames.set(d.id, d.name);
+      const sizes = (d) => [h("td", {class: "num"}, d.train_size.toLocaleString("en")),
+        h("td", {class: "num"}, d.test_size ? d.test_size.toLocaleString("en") : "none")];
+      replace($("built-in-body"), builtIn.map((d) => h("tr", {dataset: {dataset: d.name}},
+        h("td", {}, h("a", {href: datasetHref(d), class: "dataset-link"}, d.name)), h("td", {}, d.task),
+        h("td", {}, shape(d.input_shape)), h("td", {class: "num"}, classesText(d)), ...sizes(d))));
+      $("built-in-empty").hidden = builtIn.length > 0;
+      replace($("datasets-body"), uploaded.map((d) => h("tr", {dataset: {datasetId: d.id}},
+        h("td", {}, h("a", {href: datasetHref(d), class: "dataset-link"}, d.name)),
+        h("td", {}, h("code", {title: d.id}, shortId(d.id))), h("td", {}, d.format), h("td", {}, d.task),
+        h("td", {}, shape(d.input_shape)), h("td", {class: "num"}, classesText(d)), ...sizes(d),
+        h("td", {class: "num"}, bytes(d.bytes)), h("td", {class: "muted"}, new Date(d.created_at).toLocaleString()))));
+      $("datasets-empty").hidden = uploaded.length > 0;
+    });
+  }
+
+  // One dataset: by id (ds_...) an uploaded one, by name a built-in one (GET /datasets lists those).
+  async function datasetPage() {
+    const key = document.body.dataset.datasetId;
+    let dataset;
+    try {
+      dataset = key.startsWith("ds_") ? await api(`/datasets/${encodeURIComponent(key)}`)
+        : (await api("/datasets")).items.find((d) => d.built_in && d.name === key);
+    } catch (error) {
+      if (error instanceof AuthError) return;
+      if (error.status !== 404) { banner(error.message); return; }
+    }
+    if (!dataset) {
+      replace($("content"), h("h1", {}, "Dataset not found"),
+        h("p", {}, `There is no dataset ${key} among yours or this server's built-in ones (a deleted dataset's jobs ` +
+          "keep its sha256 in their spec). ", h("a", {href: "/ui/datasets"}, "Back to the datasets")));
+      return;
+    }
+    const d = dataset;
+    document.title = `Dataset ${d.name} · trainhub`;
+    $("dataset-name").textContent = d.name;
+    $("dataset-id").textContent = d.id || "built in";
+    $("dataset-kind").textContent = d.built_in ? "built in" : "uploaded";
+    pairs($("dataset-fields"), [
+      ["name", d.name], ["id", d.id], ["format", d.format], ["task", d.task], ["input shape", shape(d.input_shape)],
+      ["classes", d.task === "regression" ? null : d.num_classes],
+      ["train examples", d.train_size.toLocaleString("en")],
+      ["test examples", d.test_size ? d.test_size.toLocaleString("en") : "none: jobs set dataset.validation_split"],
+      ["stored", given(d.bytes) ? `${bytes(d.bytes)} (${d.bytes.toLocaleString("en")} bytes)` : null],
+      ["uploaded", given(d.upload_bytes) ? `${bytes(d.upload_bytes)} (${d.upload_bytes.toLocaleString("en")} bytes)` : null],
+      ["sha256", d.sha256 ? h("code", {}, d.sha256) : null],
+      ["created", d.created_at && new Date(d.created_at).toLocaleString()],
+      ["train on it", h("code", {}, `trainhub submit --dataset ${d.id || d.name}${d.test_size ? "" : " --validation-split 0.2"}`)],
+    ]);
+    const names = d.class_names && d.class_names.length ? d.class_names
+      : Array.from({length: d.num_classes || 0}, (_, i) => String(i));
+    replace($("dataset-classes"), names.map((name, i) => h("li", {dataset: {label: i}}, name)));
+    $("dataset-no-classes").hidden = names.length > 0;
+    $("dataset-no-classes").textContent = d.task === "regression" ? "None: a regression dataset (one target value per example)." : "";
+
+    const deleteButton = $("delete");
+    deleteButton.hidden = d.built_in;
+    let armed = null;
+    deleteButton.addEventListener("click", async () => {
+      if (!armed) {
+        deleteButton.textContent = "Click again to delete";
+        armed = setTimeout(() => { armed = null; deleteButton.textContent = "Delete dataset"; }, 4000);
+        return;
+      }
+      clearTimeout(armed);
+      armed = null;
+      deleteButton.disabled = true;
+      try {
+        await checked(await fetch(`/datasets/${encodeURIComponent(d.id)}`, {method: "DELETE", headers: authHeaders()}));
+        window.location.assign("/ui/datasets");
+      } catch (error) {
+        if (!(error instanceof AuthError)) banner(`Could not delete: ${error.message}`);
+      } finally {
+        deleteButton.disabled = false;
+        deleteButton.textContent = "Delete dataset";
+      }
+    });
+
+    // The key's latest jobs (the API has no dataset filter) that name this dataset.
+    const uses = (job) => (d.id ? job.spec.dataset.id === d.id : job.spec.dataset.name === d.name);
+    every(5000, async () => {
+      const jobs = (await api("/jobs?limit=200")).items.filter(uses);
+      replace($("dataset-jobs-body"), jobs.map(jobRow));
+      $("dataset-jobs-empty").hidden = jobs.length > 0;
     });
   }
 
@@ -569,7 +760,8 @@
     });
   }
 
-  const PAGES = {jobs: jobsPage, job: jobPage, comparisons: comparisonsPage, comparison: comparisonPage, workers: workersPage};
+  const PAGES = {jobs: jobsPage, job: jobPage, comparisons: comparisonsPage, comparison: comparisonPage,
+    datasets: datasetsPage, dataset: datasetPage, workers: workersPage};
 
   document.addEventListener("DOMContentLoaded", () => {
     $("signin-form").addEventListener("submit", signIn);

@@ -14,6 +14,7 @@ half a file, and two processes fetching the same dataset at once both end with a
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -26,13 +27,14 @@ from pathlib import Path
 from app.config import get_settings
 from app.datasets import records
 from app.db import retrying, session_scope
-from app.storage import store_for
+from app.storage import ArtifactMissing, store_for
 from trainers.data import DataNotFound
 from trainers.spec import TrainingSpec
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit on a header
 PARTIAL_PREFIX = ".partial-"
 # A download writes its partial file chunk by chunk, refreshing its mtime; one untouched this long
 # was left by a process that died mid-download.
@@ -90,7 +92,7 @@ def fetch(
     start = time.perf_counter()
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = cache_dir / f"{sha256}{SUFFIX}"
-    if _touch(target):
+    if _touch(target) and _intact(target):
         return Fetched(path=target, hit=True, seconds=time.perf_counter() - start)
 
     opener = open_stream or _store_stream
@@ -120,6 +122,26 @@ def _touch(path: Path) -> bool:
     except FileNotFoundError:  # not cached, or just evicted by another process: a miss either way
         return False
     return True
+
+
+def _intact(path: Path) -> bool:
+    """Whether a cached file is still whole: its safetensors header parses and the file is as long
+    as the header says. (Hashing every hit would cost seconds a gigabyte; a damaged entry is
+    removed here and downloaded again, its hash then checked.)"""
+    try:
+        with open(path, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            if header_size > MAX_HEADER_BYTES:
+                raise ValueError("header too large")
+            header = json.loads(f.read(header_size))
+        end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
+        if path.stat().st_size == 8 + header_size + end:
+            return True
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass
+    log.warning("cached dataset %s is damaged; fetching it again", path.name)
+    path.unlink(missing_ok=True)
+    return False
 
 
 def _download(opener: OpenStream, location: str, cache_dir: Path) -> tuple[Path, str]:
@@ -182,19 +204,28 @@ def _remove_stale_partials(cache_dir: Path) -> None:
 
 def fetch_for(spec: TrainingSpec) -> tuple[Path | None, dict[str, float]]:
     """(the cached file of the job's uploaded dataset, timings {"data_s": seconds to fetch it,
-    "data_cache_hit": 1.0 or 0.0}); (None, {}) for a built-in dataset. Raises DataNotFound when
-    no record of its sha256 remains, DatasetCorrupt when the store's copy does not hash to it."""
+    "data_cache_hit": 1.0 or 0.0}); (None, {}) for a built-in dataset. The job's own record says
+    where the data lies; other records of the same content are tried when that copy is missing.
+    Raises DataNotFound when no stored copy remains, DatasetCorrupt when the store's copy does not
+    hash to the sha256 the job names."""
     info = spec.dataset.info
     if info is None:
         return None, {}
     settings = get_settings()
-    location = retrying(lambda: _dataset_location(info.sha256))
-    if location is None:
-        raise DataNotFound(f"dataset {spec.dataset.id} (sha256 {info.sha256}) is no longer stored; upload it again")
-    fetched = fetch(info.sha256, location, settings.resolved_dataset_cache_dir(), settings.dataset_cache_bytes)
-    return fetched.path, {"data_s": fetched.seconds, "data_cache_hit": float(fetched.hit)}
+    locations = retrying(lambda: _locations(spec.dataset.id, info.sha256))
+    for location in locations:
+        try:
+            fetched = fetch(info.sha256, location, settings.resolved_dataset_cache_dir(), settings.dataset_cache_bytes)
+        except ArtifactMissing:
+            log.warning("dataset %s: no stored copy at %s", info.sha256, location)
+            continue
+        return fetched.path, {"data_s": fetched.seconds, "data_cache_hit": float(fetched.hit)}
+    raise DataNotFound(
+        f"dataset {spec.dataset.id} (sha256 {info.sha256}) has no stored copy left; upload it again",
+        f"looked in {', '.join(locations) or 'no record'}",
+    )
 
 
-def _dataset_location(sha256: str) -> str | None:
+def _locations(dataset_id: str | None, sha256: str) -> list[str]:
     with session_scope() as session:
-        return records.location_of(session, sha256)
+        return records.locations_of(session, dataset_id, sha256)

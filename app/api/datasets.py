@@ -12,6 +12,7 @@ from anyio import to_thread
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from app.config import Settings, get_settings
 from app.datasets import records, upload
@@ -108,6 +109,8 @@ async def upload_dataset(
         )
     except upload.BadUpload as exc:
         return JSONResponse({"detail": str(exc)}, status_code=400)
+    except ClientDisconnect:  # the client left mid-upload: nobody to answer, nothing kept
+        return Response(status_code=400)
     try:
         return await to_thread.run_sync(_store_upload, user, received, options, settings)
     finally:

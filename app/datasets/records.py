@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -81,13 +81,16 @@ def store(
     settings: Settings,
 ) -> tuple[Dataset, bool]:
     """(the record, created?) for `normalised` (trainers.dataset_file's form of `data`, hashing to
-    `sha256`): the key's existing record of the same content, or a new one. The key's row is
-    locked while its quota is counted, so concurrent uploads of one key are counted one after
-    another. Raises OverQuota (nothing stored)."""
+    `sha256`): the key's existing record of the same content, or a new one. The stored file is
+    written again either way, so uploading a dataset again repairs a lost or damaged copy. The
+    key's row is locked while its quota is counted, so concurrent uploads of one key are counted
+    one after another. Raises OverQuota (nothing stored)."""
     lock_key(session, owner)
+    lock_content(session, sha256)
     existing = session.scalars(select(Dataset).where(Dataset.owner_id == owner.id, Dataset.sha256 == sha256)).first()
     if existing is not None:
-        session.rollback()
+        existing.location = storage.get_store(settings).put(STORE_FOLDER, f"{sha256}.safetensors", normalised)
+        session.commit()
         return existing, False
     size = normalised.stat().st_size
     try:
@@ -138,6 +141,7 @@ def owned(session: Session, owner: Caller) -> list[Dataset]:
 def delete(session: Session, row: Dataset, settings: Settings) -> None:
     """Delete the record; the stored data too when no other record shares it. Raises InUse while
     queued or running jobs train on it (finished jobs keep the sha256 they trained on)."""
+    lock_content(session, row.sha256)
     session.execute(select(Dataset.id).where(Dataset.id == row.id).with_for_update())
     active = list(
         session.scalars(
@@ -156,9 +160,21 @@ def delete(session: Session, row: Dataset, settings: Settings) -> None:
         storage.store_for(location, settings).delete(location)
 
 
-def location_of(session: Session, sha256: str) -> str | None:
-    """Where the stored data of `sha256` lies (any record of it), for a worker to fetch."""
-    return session.scalar(select(Dataset.location).where(Dataset.sha256 == sha256).limit(1))
+def locations_of(session: Session, dataset_id: str | None, sha256: str) -> list[str]:
+    """Where the stored data of `sha256` lies, for a worker to fetch: the record `dataset_id`'s
+    location first, then those of other records of the same content (another deployment's store,
+    before a change of store), each once."""
+    rows = session.execute(select(Dataset.id, Dataset.location).where(Dataset.sha256 == sha256)).all()
+    ordered = sorted(rows, key=lambda row: row.id != dataset_id)
+    return list(dict.fromkeys(row.location for row in ordered))
+
+
+def lock_content(session: Session, sha256: str) -> None:
+    """Serialise the writers of one content's stored file (store and delete) for the rest of the
+    transaction: a delete never removes a file a concurrent upload of the same content has just
+    recorded. PostgreSQL: a transaction-level advisory lock; SQLite serialises writers itself."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:sha256, 0))"), {"sha256": sha256})
 
 
 def render(row: Dataset) -> dict[str, Any]:

@@ -29,10 +29,12 @@ def diabetes_csv() -> bytes:
 
 
 def unique_csv(rows: int = 60) -> bytes:
-    """A small classification table no other test uploads (the database is shared)."""
+    """A small classification table no other test uploads (the database is shared); the last one
+    made is `unique_csv.last`."""
     rng = np.random.default_rng()
     lines = ["a,b,label"] + [f"{rng.random()!r},{rng.random()!r},{i % 2}" for i in range(rows)]
-    return ("\n".join(lines) + "\n").encode()
+    unique_csv.last = ("\n".join(lines) + "\n").encode()
+    return unique_csv.last
 
 
 def upload(api, auth, body: bytes, content_type: str = "text/csv", **params):
@@ -167,6 +169,42 @@ def test_shared_content_stays_while_another_key_holds_it(api, auth, make_key, se
     assert api.get(f"/datasets/{theirs['id']}", headers=other).status_code == 200
     assert api.delete(f"/datasets/{theirs['id']}", headers=other).status_code == 204
     assert stored_files(services_env) == []
+
+
+def test_uploading_again_repairs_a_damaged_stored_copy(api, auth, services_env):
+    import hashlib
+
+    dataset = upload(api, auth, unique_csv()).json()
+    [stored] = stored_files(services_env)
+    stored.write_bytes(b"damaged")
+    body = api.get(f"/datasets/{dataset['id']}", headers=auth).json()
+    assert body["sha256"] == dataset["sha256"]
+    again = upload(api, auth, unique_csv.last)  # the same content
+    assert again.status_code == 200 and again.json()["id"] == dataset["id"]
+    assert hashlib.sha256(stored.read_bytes()).hexdigest() == dataset["sha256"]
+
+
+def test_a_worker_finds_the_data_through_its_jobs_own_record(api, auth, make_key, services_env):
+    """Another key's record of the same content may point at a copy that is gone (another store,
+    an older deployment); the job's own record is asked first and others only after it."""
+    from sqlalchemy import update
+
+    from app.db import session_scope
+    from app.models import Dataset
+    from trainers.spec import JobSpec
+    from workers.dataset_cache import fetch_for
+
+    body = unique_csv()
+    other = {"Authorization": f"Bearer {make_key('other')}"}
+    theirs = upload(api, other, body).json()
+    with session_scope() as session:  # their copy lies in a store this deployment no longer has
+        session.execute(update(Dataset).where(Dataset.id == theirs["id"]).values(location="/gone/x.safetensors"))
+        session.commit()
+    mine = upload(api, auth, body).json()
+    job = api.post("/jobs", json={"framework": "jax", "dataset": {"id": mine["id"], "validation_split": 0.2},
+                                  "batch_size": 8}, headers=auth).json()
+    path, timings = fetch_for(JobSpec.model_validate(job["spec"]))
+    assert path.name == f"{mine['sha256']}.safetensors" and timings["data_cache_hit"] == 0.0
 
 
 def npz_bytes(**arrays) -> bytes:

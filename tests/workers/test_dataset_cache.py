@@ -11,7 +11,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import save
 
 from app.storage import ArtifactMissing, LocalStore
 from workers.dataset_cache import PARTIAL_PREFIX, DatasetCorrupt, Fetched, fetch
@@ -21,6 +23,11 @@ LOCATION = "/artifacts/datasets/whatever.safetensors"
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def dataset_bytes(values: bytes) -> bytes:
+    """A safetensors file holding `values` (cache hits check a file is whole by its header)."""
+    return save({"x": np.frombuffer(values, dtype=np.uint8)})
 
 
 class Source:
@@ -56,7 +63,7 @@ def test_round_trip_from_local_store_then_hit(tmp_path: Path) -> None:
     root = tmp_path / "artifacts"
     stored = root / "datasets" / "mnist.safetensors"
     stored.parent.mkdir(parents=True)
-    data = os.urandom(3 * (1 << 20) + 123)  # several of the store's 1 MiB chunks
+    data = dataset_bytes(os.urandom(3 * (1 << 20) + 123))  # several of the store's 1 MiB chunks
     stored.write_bytes(data)
     store = LocalStore(root)
     calls: list[str] = []
@@ -146,13 +153,23 @@ def test_evicts_least_recently_used_first(tmp_path: Path) -> None:
 
 
 def test_hit_refreshes_lru_order(tmp_path: Path) -> None:
-    first = cached(tmp_path, b"a" * 10, mtime=1_000)
-    second = cached(tmp_path, b"b" * 10, mtime=2_000)
-    assert fetch(sha(b"a" * 10), LOCATION, tmp_path, max_bytes=30, open_stream=Source(b"")).hit
-    data = b"c" * 10
-    fetch(sha(data), LOCATION, tmp_path, max_bytes=20, open_stream=Source(data))
+    a, b, data = (dataset_bytes(fill * 10) for fill in (b"a", b"b", b"c"))
+    first = cached(tmp_path, a, mtime=1_000)
+    second = cached(tmp_path, b, mtime=2_000)
+    assert fetch(sha(a), LOCATION, tmp_path, max_bytes=3 * len(a), open_stream=Source(b"")).hit
+    fetch(sha(data), LOCATION, tmp_path, max_bytes=2 * len(a), open_stream=Source(data))
     assert first.exists()  # used just now
     assert not second.exists()
+
+
+def test_a_damaged_cache_entry_is_fetched_again(tmp_path: Path) -> None:
+    data = dataset_bytes(b"d" * 100)
+    entry = cached(tmp_path, data, mtime=1_000)
+    entry.write_bytes(data[:-10])  # cut short, as a full disk or a crash may leave it
+    source = Source(data)
+    again = fetch(sha(data), LOCATION, tmp_path, max_bytes=10_000, open_stream=source)
+    assert again.hit is False and source.calls == 1
+    assert again.path.read_bytes() == data
 
 
 def test_just_fetched_file_is_never_evicted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

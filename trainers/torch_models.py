@@ -84,8 +84,14 @@ class CNN(MLP):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Examples are flat in (row, column, channel) order; convolutions want (channel, row, column).
-        x = x.reshape(len(x), *self.image).permute(0, 3, 1, 2)
+        # Examples are flat in (row, column, channel) order; convolutions want (channel, row, column),
+        # laid out as such: a permuted view of one channel would pass for channels-last, and
+        # PyTorch would pick other conv kernels for it (other rounding than before colour images).
+        height, width, channels = self.image
+        if channels == 1:
+            x = x.reshape(len(x), 1, height, width)
+        else:
+            x = x.reshape(len(x), height, width, channels).permute(0, 3, 1, 2).contiguous()
         for i, conv in enumerate(self.convs):
             x = conv(x)
             if hasattr(self, "conv_norms"):

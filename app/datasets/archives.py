@@ -3,13 +3,16 @@
 A small upload can unpack to terabytes (a zip bomb), so every decompressed byte is counted
 against one `Budget` per upload, declared sizes are checked before anything is read, and reads
 stop as soon as the budget is spent. Member names are only ever compared as strings: nothing
-is extracted to disk, so a name like "../../etc/passwd" cannot become a path.
+is extracted to disk, so a name like "../../etc/passwd" cannot become a path; still such a
+member (absolute, or with a ".." part) is refused by name rather than read or skipped, as it
+says the archive was not made from inside its folder.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import re
 import tarfile
 import zipfile
 import zlib
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.datasets.common import DatasetRejected, UploadLimits, check_limit
+from app.datasets.common import FILES, UNPACKED, DatasetRejected, UploadLimits, check_limit, shown
 
 CHUNK = 1 << 20  # bytes per read: small enough that a cap overshoots by at most this much
 TAR_BUFFER = 64 << 10  # bytes: a few of tarfile's 10 KiB records
@@ -25,6 +28,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 BOMB_FIX = "upload fewer or smaller files (an archive that unpacks this large may be a zip bomb)"
 # Errors the standard library raises for damaged or cut-off archives and streams.
 READ_ERRORS = (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, zlib.error, NotImplementedError)
+_DRIVE = re.compile(r"[A-Za-z]:")  # C: — a Windows absolute path
 
 
 class Readable(Protocol):
@@ -45,7 +49,9 @@ class Budget:
         self.left -= count
         if self.left < 0:
             raise DatasetRejected(
-                f"{where}: the upload unpacks to more than the limit of {self.limit:,} bytes; {BOMB_FIX}", where, 413
+                f"{where}: the upload unpacks to more than the limit of {self.limit:,} bytes ({UNPACKED}); {BOMB_FIX}",
+                where,
+                413,
             )
 
 
@@ -75,14 +81,28 @@ def is_junk(name: str) -> bool:
     return any(part.startswith(".") or part == "__MACOSX" for part in name.split("/") if part)
 
 
+def check_member_name(name: str) -> None:
+    """422 for a member whose path leads outside the archive: absolute ("/x", "C:/x") or with
+    a ".." part ("../../x", "a/../../x"), with either kind of slash."""
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or _DRIVE.match(name) or ".." in parts:
+        raise DatasetRejected(
+            f"member {shown(name, 200)} has a path outside the archive (absolute, or with a '..' part); "
+            "make the archive from inside the dataset's folder, so every member's path is relative to it",
+            name,
+        )
+
+
 def zip_files(archive: zipfile.ZipFile, limits: UploadLimits) -> list[zipfile.ZipInfo]:
     """The file members of `archive` (no folders), after checking from the central directory,
-    before any read, the member count and the declared unpacked size against the limits."""
+    before any read, the member count and names and the declared unpacked size against the limits."""
     infos = archive.infolist()
-    check_limit(len(infos), limits.max_files, "members", "archive", "upload fewer files")
+    check_limit(len(infos), limits.max_files, "members", "archive", "upload fewer files", FILES)
+    for info in infos:
+        check_member_name(info.filename)
     files = [info for info in infos if not info.is_dir()]
     declared = sum(info.file_size for info in files)
-    check_limit(declared, limits.max_unpacked_bytes, "bytes when unpacked", "archive", BOMB_FIX)
+    check_limit(declared, limits.max_unpacked_bytes, "bytes when unpacked", "archive", BOMB_FIX, UNPACKED)
     for info in files:
         if info.flag_bits & 0x1:
             message = f"{info.filename}: encrypted members are not supported; zip it without a password"
@@ -151,7 +171,8 @@ def _read_tar(
 ) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
     for count, member in enumerate(archive, start=1):
-        check_limit(count, limits.max_files, "members", "archive", "upload fewer files")
+        check_limit(count, limits.max_files, "members", "archive", "upload fewer files", FILES)
+        check_member_name(member.name)
         if member.isdir():
             continue
         if not member.isfile():

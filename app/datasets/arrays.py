@@ -4,21 +4,28 @@
 [N, H, W, C] (stored [N, H, W, C]). `y` is [N]: class indices (integers >= 0) for
 classification, numbers for regression. Read with `np.load(allow_pickle=False)` only, after the
 zip directory and each array's .npy header (shape, dtype) were checked, so an object array or
-an oversized one is refused before a byte of its data is read.
+an oversized one is refused before a byte of its data is read. np.load allocates what a header
+declares before it reads the data, so each header's shape must fit in its member's unpacked
+size (a few bytes declaring terabytes are refused, not allocated).
 """
 
 from __future__ import annotations
 
+import math
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from app.datasets.archives import READ_ERRORS, open_zip, zip_files
 from app.datasets.common import (
+    EXAMPLES,
+    UNPACKED,
     DatasetRejected,
     UploadLimits,
     UploadOptions,
+    check_has_features,
     check_limit,
     check_not_empty,
     finish,
@@ -29,7 +36,16 @@ from app.datasets.common import (
 from trainers.dataset_file import DatasetArrays
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")
-Header = tuple[tuple[int, ...], np.dtype]
+
+
+@dataclass(frozen=True)
+class Header:
+    """One array's .npy header: its shape and dtype, and the bytes it declares (the header's
+    own and prod(shape) * itemsize of data)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    declared_bytes: int
 
 
 def read_npz(path: Path, options: UploadOptions, limits: UploadLimits) -> DatasetArrays:
@@ -64,6 +80,8 @@ def _headers(path: Path, limits: UploadLimits) -> dict[str, Header]:
                     filename,
                 )
         headers = {filename.removesuffix(".npy"): _header(archive, info) for filename, info in infos.items()}
+        for name, header in headers.items():
+            _check_fits(name, header, infos[f"{name}.npy"])
     for name in ("x_train", "y_train"):
         if name not in headers:
             raise DatasetRejected(
@@ -82,6 +100,7 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Header:
             version = np.lib.format.read_magic(stream)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = read(stream)
+            header_bytes = stream.tell()
     except (ValueError, *READ_ERRORS) as exc:
         raise DatasetRejected(f"{name}: not a readable .npy array ({exc}); save it with np.savez", name) from exc
     if dtype.hasobject:
@@ -92,20 +111,42 @@ def _header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Header:
         )
     if dtype.kind not in "biuf":
         raise DatasetRejected(f"{name} has dtype {dtype}: arrays must be numbers (bool, int, uint or float)", name)
-    return tuple(shape), dtype
+    shape = tuple(int(d) for d in shape)
+    return Header(shape, dtype, header_bytes + math.prod(shape) * dtype.itemsize)
+
+
+def _check_fits(name: str, header: Header, info: zipfile.ZipInfo) -> None:
+    """422 when the header declares more bytes than its member unpacks to: np.load would
+    allocate the declared array before finding the data missing."""
+    if header.declared_bytes > info.file_size:
+        raise DatasetRejected(
+            f"{name}'s header declares shape {header.shape} = {header.declared_bytes:,} bytes but the member holds "
+            f"{info.file_size:,}: the array is cut off or its header is wrong; save it again with np.savez",
+            name,
+        )
 
 
 def _check_declared(headers: dict[str, Header], limits: UploadLimits) -> None:
-    """Counts from the headers alone, before the data is loaded."""
+    """Counts and sizes from the headers alone, before the data is loaded."""
     for name in ("x_train", "x_test"):
         if name in headers:
-            shape = headers[name][0]
+            shape = headers[name].shape
             if len(shape) < 2:
                 raise DatasetRejected(f"{name} has shape {list(shape)}: it needs one row per example, [N, D]", name)
             check_not_empty(shape[0], name)
-            check_limit(int(np.prod(shape[1:])), limits.max_features, "features per example", name, "reduce inputs")
-    total = sum(headers[name][0][0] for name in ("x_train", "x_test") if name in headers)
-    check_limit(total, limits.max_examples, "examples", "x_train + x_test", "upload a subset")
+            features = math.prod(shape[1:])
+            check_has_features(features, shape[1:], name)
+            check_limit(features, limits.max_features, "features per example", name, "reduce inputs")
+    total = sum(headers[name].shape[0] for name in ("x_train", "x_test") if name in headers)
+    check_limit(total, limits.max_examples, "examples", "x_train + x_test", "upload a subset", EXAMPLES)
+    # What loading takes: the arrays as declared, and [N, D] features again as a float32 copy.
+    loaded = sum(header.declared_bytes for header in headers.values())
+    loaded += sum(
+        math.prod(headers[name].shape) * 4
+        for name in ("x_train", "x_test")
+        if name in headers and len(headers[name].shape) == 2
+    )
+    check_limit(loaded, limits.max_unpacked_bytes, "bytes when loaded", "the npz's arrays", "upload a subset", UNPACKED)
 
 
 def _load(path: Path, names: list[str]) -> dict[str, np.ndarray]:

@@ -7,6 +7,7 @@ Row numbers in messages are 0-based array indices for arrays (npz, IDX) and 1-ba
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,17 @@ from trainers.dataset_file import DatasetArrays
 
 FORMATS = ("npz", "idx", "csv", "parquet", "imagefolder")
 TASKS = ("classification", "regression")
+# The server settings behind the UploadLimits an operator can change (app/api/datasets.py),
+# named in each 413 as the other limits' messages name theirs.
+EXAMPLES = "max_dataset_examples, set by TRAINHUB_MAX_DATASET_EXAMPLES"
+UNPACKED = "max_dataset_unpacked_bytes, set by TRAINHUB_MAX_DATASET_UNPACKED_BYTES"
+FILES = "max_dataset_files, set by TRAINHUB_MAX_DATASET_FILES"
+PIXELS = "max_image_pixels, set by TRAINHUB_MAX_IMAGE_PIXELS"
+# Class names are shown in terminals (the CLI) and the dashboard: no control characters (C0,
+# DEL, C1: terminal escapes, BEL), line or paragraph separators, or bidi controls (which
+# reorder what is shown around them), and a length that fits on a line.
+MAX_CLASS_NAME_CHARS = 200
+_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -70,10 +82,28 @@ def check_options(options: UploadOptions) -> None:
         raise DatasetRejected("label_column must name a column", "label_column")
 
 
-def check_limit(count: int, limit: int, what: str, where: str, fix: str) -> None:
-    """413 when `count` of `what` (e.g. "examples") at `where` is over `limit`."""
+def check_limit(count: int, limit: int, what: str, where: str, fix: str, setting: str = "") -> None:
+    """413 when `count` of `what` (e.g. "examples") at `where` is over `limit`; `setting` names
+    the server setting and variable behind it (EXAMPLES, UNPACKED, FILES, PIXELS), "" for caps
+    that are not settings."""
     if count > limit:
-        raise DatasetRejected(f"{where}: {count:,} {what} is over the limit of {limit:,}; {fix}", where, 413)
+        named = f" ({setting})" if setting else ""
+        raise DatasetRejected(f"{where}: {count:,} {what} is over the limit of {limit:,}{named}; {fix}", where, 413)
+
+
+def class_name_problem(name: str) -> str | None:
+    """What makes `name` unfit to be a class name ("is 300 characters long, ...", "holds the
+    control character U+001B"), None when it is fine."""
+    if len(name) > MAX_CLASS_NAME_CHARS:
+        return f"is {len(name):,} characters long, over the limit of {MAX_CLASS_NAME_CHARS} for a class name"
+    if found := _UNSHOWABLE.search(name):
+        return f"holds the control character U+{ord(found[0]):04X} (terminal escapes and bidi controls are refused)"
+    return None
+
+
+def shown(text: str, length: int = 60) -> str:
+    """`text` quoted for a message, with control characters escaped (repr) and cut to `length`."""
+    return repr(text[:length]) + ("..." if len(text) > length else "")
 
 
 def first_nonfinite(x: np.ndarray) -> tuple[int, int] | None:
@@ -109,8 +139,9 @@ def finish(data: DatasetArrays, limits: UploadLimits, test_where: str = "test sp
     example and feature counts within limits. Returns `data` unchanged."""
     check_not_empty(len(data.x_train), "the train split")
     total = len(data.x_train) + (0 if data.x_test is None else len(data.x_test))
-    check_limit(total, limits.max_examples, "examples", "train + test", "upload a subset")
+    check_limit(total, limits.max_examples, "examples", "train + test", "upload a subset", EXAMPLES)
     features = int(np.prod(data.input_shape))
+    check_has_features(features, data.input_shape, "the train split")
     check_limit(features, limits.max_features, "features per example", "input shape", "reduce the inputs")
     if data.x_test is None:
         return data
@@ -122,6 +153,15 @@ def finish(data: DatasetArrays, limits: UploadLimits, test_where: str = "test sp
             test_where,
         )
     return data
+
+
+def check_has_features(features: int, shape: list[int] | tuple[int, ...], where: str) -> None:
+    """422 for examples of no features (a [N, 0] array, images 0 pixels wide)."""
+    if features == 0:
+        raise DatasetRejected(
+            f"{where} has examples of shape {list(shape)}, 0 features each: a dataset needs at least one feature",
+            where,
+        )
 
 
 def check_not_empty(count: int, where: str) -> None:

@@ -19,6 +19,7 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from app.datasets.archives import GZIP_MAGIC, is_junk, open_zip
@@ -89,17 +90,66 @@ def parse_upload(path: Path, options: UploadOptions, limits: UploadLimits = Uplo
         ) from exc
 
 
+# What each format's file is, by its container: a zip, Parquet, a tar (plain or gzip) or text.
+CONTAINERS = {
+    "npz": ("zip",),
+    "imagefolder": ("zip",),
+    "idx": ("zip", "tar"),
+    "parquet": ("parquet",),
+    "csv": ("text",),
+}
+DESCRIBED = {
+    "npz": "an npz (a zip of .npy arrays, as np.savez writes)",
+    "imagefolder": "an ImageFolder zip",
+    "idx": "a zip or tar of IDX files",
+    "parquet": "a Parquet file",
+    "csv": "CSV text",
+}
+
+
 def detect_format(path: Path, options: UploadOptions) -> str:
-    """One of FORMATS: `options.format` when given, else from the file's first bytes (zip,
-    Parquet, gzip or tar magic; a zip by its member names), else from the client's file
-    extension, else CSV when the file starts as comma-separated UTF-8 text. 422 otherwise."""
-    if options.format is not None:
-        check_options(options)
-        return options.format
+    """One of FORMATS: `options.format` when given (422 when the file is plainly not of it),
+    else from the file's first bytes (zip, Parquet, gzip or tar magic; a zip by its member
+    names), else from the client's file extension, else CSV when the file starts as
+    comma-separated text. 422 otherwise."""
+    check_options(options)
     with open(path, "rb") as f:
         head = f.read(512)
     if not head:
         raise DatasetRejected(f"{_named(options)}is empty: send the dataset file itself", "format")
+    if options.format is not None:
+        _check_given(path, head, options.format, options)
+        return options.format
+    return _detect(path, head, options)
+
+
+def _container(path: Path, head: bytes) -> str:
+    if head[:2] == b"PK":
+        return "zip"
+    if head[:4] == b"PAR1":
+        return "parquet"
+    if _is_tar(path, head):
+        return "tar"
+    return "text"
+
+
+def _check_given(path: Path, head: bytes, given: str, options: UploadOptions) -> None:
+    """422 when the file is not the container its given format is (a CSV sent as format=npz),
+    naming the format it looks like instead. A file that looks like no format, or like the
+    given one by its extension alone, is left to that format's reader to say what is wrong."""
+    if _container(path, head) in CONTAINERS[given]:
+        return
+    try:
+        found: str | None = _detect(path, head, replace(options, format=None))
+    except DatasetRejected:
+        found = None
+    if found == given:
+        return
+    fix = f"it looks like {found}: pass format={found} or leave format out" if found else "leave format out"
+    raise DatasetRejected(f"format={given} was given but {_named(options)}is not {DESCRIBED[given]}; {fix}", "format")
+
+
+def _detect(path: Path, head: bytes, options: UploadOptions) -> str:
     suffix = _suffix(options.filename)
     if head[:2] == b"PK":
         return _zip_format(path, suffix)
@@ -154,9 +204,13 @@ def _is_tar(path: Path, head: bytes) -> bool:
 
 
 def _looks_like_csv(head: bytes) -> bool:
-    """UTF-8 text without NUL bytes whose first line has a comma."""
+    """Text without NUL bytes whose first line has a comma: UTF-8, or in another encoding
+    (Latin-1, Windows-1252) without control characters but tab and line ends, which the CSV
+    reader then refuses saying where it is not UTF-8."""
     try:
         text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a cut last character is fine
     except UnicodeDecodeError:
-        return False
+        text = head.decode("latin-1")
+        if any(ord(c) < 32 and c not in "\t\r\n" or ord(c) == 127 for c in text):
+            return False
     return "\x00" not in text and "," in text.split("\n", 1)[0]

@@ -2,35 +2,44 @@
 `train/<class>/<image>` and optionally `test/<class>/<image>` (.png, .jpg, .jpeg), at the top
 of the zip or inside one folder. Other files outside train/ and test/ (a README) are ignored.
 
-Images are decoded with Pillow (PNG and JPEG decoders only), each checked against the pixel
-cap from its header before its pixels are decoded. All grey (R = G = B) -> uint8
-[N, H, W, 1], else [N, H, W, 3] RGB; resized to `image_size` (bilinear) when given, else all
-must share one size. Classes are the sorted train folder names.
+Images are decoded with Pillow (PNG and JPEG decoders only), each checked against the
+server's pixel cap (`UploadLimits.max_image_pixels`) from its header before its pixels are
+decoded; Pillow's own decompression-bomb limit is not consulted, so the server's is the one a
+refusal names. All grey (R = G = B) -> uint8 [N, H, W, 1], else [N, H, W, 3] RGB; resized to
+`image_size` (bilinear) when given, else all must share one size. Classes are the sorted train
+folder names, each a short printable name (`common.class_name_problem`).
 """
 
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageFile, JpegImagePlugin, PngImagePlugin
 
 from app.datasets.archives import Budget, is_junk, open_zip, read_zip_member, zip_files
 from app.datasets.common import (
+    EXAMPLES,
+    PIXELS,
     DatasetRejected,
     UploadLimits,
     UploadOptions,
     check_classes,
     check_limit,
     check_not_empty,
+    class_name_problem,
     finish,
+    shown,
 )
 from trainers.dataset_file import DatasetArrays
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC = b"\xff\xd8\xff"
 SPLITS = ("train", "test")
 
 
@@ -47,7 +56,9 @@ def read_imagefolder(path: Path, options: UploadOptions, limits: UploadLimits) -
         raise DatasetRejected("ImageFolder labels are classes: use task='classification' (or upload an npz)", "task")
     if options.image_size is not None:
         height, width = options.image_size
-        check_limit(height * width, limits.max_image_pixels, "pixels", "image_size", "pass a smaller image_size")
+        check_limit(
+            height * width, limits.max_image_pixels, "pixels", "image_size", "pass a smaller image_size", PIXELS
+        )
     budget = Budget(limits.max_unpacked_bytes)
     with open_zip(path) as archive:
         members = _layout(archive, limits)
@@ -93,14 +104,24 @@ def _layout(archive: zipfile.ZipFile, limits: UploadLimits) -> list[_Member]:
                 f"{info.filename}: not a {'/'.join(IMAGE_EXTENSIONS)} file; convert it or take it out", info.filename
             )
         members.append(_Member(parts[0], parts[1], info))
-    check_limit(len(members), limits.max_examples, "images", "archive", "upload a subset")
+    check_limit(len(members), limits.max_examples, "images", "archive", "upload a subset", EXAMPLES)
     if f"{root}test/" in archive.namelist() and not any(member.split == "test" for member in members):
         check_not_empty(0, "test/")
     return sorted(members, key=lambda m: (SPLITS.index(m.split), m.class_name, m.info.filename))
 
 
 def _class_names(members: list[_Member], limits: UploadLimits) -> list[str]:
-    """Sorted train class folders; every test class must be one of them."""
+    """Sorted train class folders, each a short printable name; every test class must be one of them."""
+    checked: set[str] = set()
+    for member in members:
+        if member.class_name not in checked:
+            checked.add(member.class_name)
+            if problem := class_name_problem(member.class_name):
+                raise DatasetRejected(
+                    f"{shown(member.info.filename, 300)}: the class folder's name {problem}; rename the folder "
+                    "(class names are shown in terminals and the dashboard)",
+                    member.info.filename,
+                )
     class_names = sorted({member.class_name for member in members if member.split == "train"})
     for member in members:
         if member.split == "test" and member.class_name not in class_names:
@@ -121,18 +142,13 @@ def _decode(
     name = info.filename
     data = read_zip_member(archive, info, budget)
     try:
-        with Image.open(io.BytesIO(data), formats=["PNG", "JPEG"]) as image:
+        with _open_image(data, name) as image:
             width, height = image.size  # from the header: nothing is decoded yet
-            check_limit(width * height, limits.max_image_pixels, "pixels", name, "resize the image")
+            check_limit(width * height, limits.max_image_pixels, "pixels", name, "resize the image", PIXELS)
             budget.take(width * height * 3, name)  # decoded pixels count as unpacked bytes too
             rgb = image.convert("RGB")
-    except Image.DecompressionBombError as exc:
-        raise DatasetRejected(f"{name}: the image is too large to decode ({exc}); resize it", name, 413) from exc
-    except UnidentifiedImageError as exc:
-        raise DatasetRejected(
-            f"{name}: not a readable PNG or JPEG (not recognised as either); save it again", name
-        ) from exc
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+    # What Image.open catches from a format's class for a file that is not really that format.
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error) as exc:
         raise DatasetRejected(f"{name}: not a readable PNG or JPEG ({exc}); save it again", name) from exc
     if options.image_size is not None:
         height, width = options.image_size
@@ -140,6 +156,17 @@ def _decode(
     pixels = np.asarray(rgb)
     grey = bool((pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all())
     return pixels[..., 0].copy() if grey else pixels
+
+
+def _open_image(data: bytes, name: str) -> ImageFile.ImageFile:
+    """The PNG or JPEG in `data`, its header read and nothing decoded. The format's own class
+    rather than Image.open, whose decompression-bomb check (Pillow's MAX_IMAGE_PIXELS, a
+    process-wide setting) would refuse by its limit before the server's is checked."""
+    if data.startswith(PNG_MAGIC):
+        return PngImagePlugin.PngImageFile(io.BytesIO(data))
+    if data.startswith(JPEG_MAGIC):
+        return JpegImagePlugin.JpegImageFile(io.BytesIO(data))
+    raise DatasetRejected(f"{name}: not a readable PNG or JPEG (not recognised as either); save it again", name)
 
 
 def _stack(images: list[np.ndarray], members: list[_Member], options: UploadOptions) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import struct
 import tarfile
 import zipfile
@@ -241,7 +242,8 @@ def test_detect_format(tmp_path: Path) -> None:
     assert detect_format(csv, UploadOptions()) == "csv"
     assert detect_format(parquet, UploadOptions(filename="whatever.bin")) == "parquet"
     assert detect_format(npz, UploadOptions(filename="C:\\Users\\me\\upload.zip")) == "npz"
-    assert detect_format(csv, UploadOptions(format="parquet")) == "parquet"
+    assert detect_format(csv, UploadOptions(format="csv")) == "csv"
+    assert detect_format(npz, UploadOptions(format="npz", filename="data.csv")) == "npz"  # the format beats the name
 
 
 # --- refusals ---------------------------------------------------------------------------------
@@ -253,6 +255,7 @@ def test_zip_bomb_by_declared_size(tmp_path: Path) -> None:
 
     message = rejected(path, 413, UploadLimits(max_unpacked_bytes=1_000_000))
     assert "archive" in message and "1,000,000" in message and "zip bomb" in message
+    assert "TRAINHUB_MAX_DATASET_UNPACKED_BYTES" in message
 
 
 def test_gzip_bomb_inside_an_archive_is_cut_off_while_reading(tmp_path: Path) -> None:
@@ -260,7 +263,7 @@ def test_gzip_bomb_inside_an_archive_is_cut_off_while_reading(tmp_path: Path) ->
     path = write_zip(tmp_path / "bomb.zip", {"train-images-idx3-ubyte.gz": bomb, "train-labels-idx1-ubyte": b""})
 
     message = rejected(path, 413, UploadLimits(max_unpacked_bytes=1_000_000))
-    assert "train-images-idx3-ubyte.gz" in message
+    assert "train-images-idx3-ubyte.gz" in message and "TRAINHUB_MAX_DATASET_UNPACKED_BYTES" in message
 
 
 def test_tar_gz_bomb_is_cut_off_while_streaming(tmp_path: Path) -> None:
@@ -277,7 +280,8 @@ def test_tar_gz_bomb_is_cut_off_while_streaming(tmp_path: Path) -> None:
 
 def test_too_many_archive_members(tmp_path: Path) -> None:
     path = write_zip(tmp_path / "many.zip", {f"train/a/{i}.png": b"" for i in range(5)})
-    assert "members" in rejected(path, 413, UploadLimits(max_files=3))
+    message = rejected(path, 413, UploadLimits(max_files=3))
+    assert "members" in message and "TRAINHUB_MAX_DATASET_FILES" in message
 
 
 def test_npz_object_array(tmp_path: Path) -> None:
@@ -398,7 +402,7 @@ def test_missing_label_column(tmp_path: Path) -> None:
 def test_too_many_examples(tmp_path: Path) -> None:
     path = write_table(tmp_path / "cancer.csv", breast_cancer_columns())
     message = rejected(path, 413, UploadLimits(max_examples=100))
-    assert "569" in message and "100" in message
+    assert "569" in message and "100" in message and "TRAINHUB_MAX_DATASET_EXAMPLES" in message
 
 
 def test_parquet_over_limit_from_metadata(tmp_path: Path) -> None:
@@ -457,7 +461,7 @@ def test_image_over_the_pixel_cap(tmp_path: Path) -> None:
     path = write_zip(tmp_path / "up.zip", {"train/a/1.png": image, "train/b/2.png": image})
 
     message = rejected(path, 413, UploadLimits(max_image_pixels=1000))
-    assert "train/a/1.png" in message and "4,096 pixels" in message
+    assert "train/a/1.png" in message and "4,096 pixels" in message and "TRAINHUB_MAX_IMAGE_PIXELS" in message
 
 
 def png_header_only(width: int, height: int) -> bytes:
@@ -495,3 +499,261 @@ def test_unknown_format(tmp_path: Path) -> None:
 def test_unknown_options() -> None:
     with pytest.raises(DatasetRejected, match="unknown format 'xlsx'"):
         parse_upload(Path("/nonexistent"), UploadOptions(format="xlsx"))
+
+
+# --- crafted sizes: what a few bytes may declare or decode to -----------------------------------
+
+
+def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
+    return out.getvalue()
+
+
+def npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array(out, array)
+    return out.getvalue()
+
+
+def test_npz_header_declaring_more_than_its_member_holds(tmp_path: Path) -> None:
+    # 1.46 TiB declared over 1000 bytes: np.load would allocate it all before reading.
+    x_train = npy_header("<f8", (200000, 1000000)) + bytes(1000)
+    members = {"x_train.npy": x_train, "y_train.npy": npy(np.array([0, 1]))}
+    path = write_zip(tmp_path / "up.npz", members, zipfile.ZIP_DEFLATED)
+
+    message = rejected(path)
+    assert "x_train's header declares shape (200000, 1000000) = 1,600,000,000,128 bytes" in message
+    assert f"the member holds {len(x_train):,}" in message
+
+
+def test_npz_loaded_size_over_the_unpacked_limit(tmp_path: Path) -> None:
+    path = tmp_path / "up.npz"
+    np.savez(path, x_train=np.zeros((1000, 50), dtype=np.uint8), y_train=np.arange(1000) % 2)
+    # 50,000 bytes stored, 200,000 more as float32 features.
+    message = rejected(path, 413, UploadLimits(max_unpacked_bytes=200_000))
+    assert "the npz's arrays" in message and "TRAINHUB_MAX_DATASET_UNPACKED_BYTES" in message
+
+
+def test_parquet_decoded_size_is_bounded_not_its_encoded_size(tmp_path: Path) -> None:
+    # Constant columns dictionary/run-length encode to a few bytes for any number of rows.
+    rows = 200_000
+    path = write_table(tmp_path / "t.parquet", {"a": np.zeros(rows), "b": np.ones(rows), "label": np.arange(rows) % 2})
+    metadata = pq.ParquetFile(path).metadata
+    encoded = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    assert path.stat().st_size < 10_000 and encoded < 100_000
+
+    message = rejected(path, 413, UploadLimits(max_unpacked_bytes=1_000_000))
+    assert "Parquet file" in message and "200,000 rows x 3 columns" in message
+    assert "1,000,000" in message and "TRAINHUB_MAX_DATASET_UNPACKED_BYTES" in message
+    assert parse(path).x_train.shape == (rows, 2)  # within the default limit
+
+
+def test_parquet_text_labels_are_bounded_as_a_dictionary(tmp_path: Path) -> None:
+    # 100,000 rows of two 150-character names: 15 MB as plain strings, far less read as a
+    # dictionary (how text columns are read), so a 5 MB limit holds them.
+    rows = 100_000
+    names = pa.array(["a" * 150, "b" * 150])
+    labels = pa.DictionaryArray.from_arrays(pa.array(np.arange(rows) % 2, pa.int32()), names).cast(pa.string())
+    path = write_table(tmp_path / "t.parquet", {"x": np.zeros(rows), "label": labels})
+
+    data = parse(path, limits=UploadLimits(max_unpacked_bytes=5_000_000))
+    assert data.class_names == ["a" * 150, "b" * 150]
+    np.testing.assert_array_equal(data.y_train, np.arange(rows) % 2)
+
+
+def test_csv_float32_features_bounded_by_the_unpacked_limit(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    columns = [f"f{j}" for j in range(50)]
+    path.write_text(",".join([*columns, "label"]) + "\n" + "".join("0," * 50 + f"{i % 2}\n" for i in range(2000)))
+    assert path.stat().st_size < 250_000  # 400,000 bytes as float32
+
+    message = rejected(path, 413, UploadLimits(max_unpacked_bytes=300_000))
+    assert "2,000 rows x 50 columns" in message and "TRAINHUB_MAX_DATASET_UNPACKED_BYTES" in message
+
+
+# --- class names ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "code"),
+    [("\x1b[2J\x1b[31mred", "U+001B"), ("bell\x07", "U+0007"), ("abc\u202egnp.exe", "U+202E"), ("a\x85b", "U+0085")],
+)
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_table_class_name_with_control_characters(tmp_path: Path, suffix: str, bad: str, code: str) -> None:
+    path = write_table(tmp_path / f"t{suffix}", {"a": [1, 2, 3], "label": ["cat", "dog", bad]})
+    message = rejected(path)
+    assert "row 3, column 'label'" in message and code in message and "control character" in message
+    assert bad not in message  # shown escaped
+
+
+def test_table_class_name_too_long(tmp_path: Path) -> None:
+    path = write_table(tmp_path / "t.csv", {"a": [1, 2, 3], "label": ["cat", "x" * 201, "cat"]})
+    message = rejected(path)
+    assert "row 2, column 'label'" in message and "201 characters" in message and "200" in message
+
+    fine = write_table(tmp_path / "ok.csv", {"a": [1, 2, 3], "label": ["cat", "é" * 200, "cat"]})
+    assert parse(fine).class_names == ["cat", "é" * 200]
+
+
+def test_imagefolder_class_folder_with_control_characters(tmp_path: Path) -> None:
+    image = png(np.zeros((4, 4), np.uint8))
+    path = write_zip(tmp_path / "up.zip", {"train/a/1.png": image, "train/\x1b]0;pwned\x07/2.png": image})
+    message = rejected(path)
+    assert "'train/\\x1b]0;pwned\\x07/2.png'" in message and "U+001B" in message and "rename the folder" in message
+
+
+def test_imagefolder_class_folder_name_too_long(tmp_path: Path) -> None:
+    image = png(np.zeros((4, 4), np.uint8))
+    path = write_zip(tmp_path / "up.zip", {"train/a/1.png": image, "test/" + "b" * 250 + "/2.png": image})
+    message = rejected(path)
+    assert "250 characters" in message and "rename the folder" in message
+
+
+# --- no features ---------------------------------------------------------------------------------
+
+
+def test_npz_with_no_features(tmp_path: Path) -> None:
+    path = tmp_path / "up.npz"
+    np.savez(path, x_train=np.ones((4, 0)), y_train=np.array([0, 1, 0, 1]))
+    message = rejected(path)
+    assert "x_train" in message and "needs at least one feature" in message
+
+
+def test_image_arrays_with_no_pixels(tmp_path: Path) -> None:
+    path = tmp_path / "up.npz"
+    np.savez(path, x_train=np.zeros((4, 0, 5), dtype=np.uint8), y_train=np.array([0, 1, 0, 1]))
+    assert "needs at least one feature" in rejected(path)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_table_with_only_a_label_and_an_index_column(tmp_path: Path, suffix: str) -> None:
+    path = write_table(tmp_path / f"t{suffix}", {"__index_level_0__": [10, 11, 12], "label": [0, 1, 0]})
+    assert "needs at least one feature" in rejected(path)
+
+
+# --- pandas-written Parquet ----------------------------------------------------------------------
+
+
+def pandas_parquet(path: Path, columns: dict[str, pa.Array], index_columns: list[object]) -> Path:
+    """Parquet as pandas' to_parquet writes it: its metadata under b"pandas", index columns
+    stored as columns (an unnamed one as __index_level_0__), categoricals as dictionaries."""
+    table = pa.table(columns)
+    metadata = {
+        "index_columns": index_columns,
+        "column_indexes": [],
+        "columns": [{"name": name, "field_name": name, "metadata": None} for name in table.column_names],
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.0",
+    }
+    pq.write_table(table.replace_schema_metadata({b"pandas": json.dumps(metadata).encode()}), path)
+    return path
+
+
+def test_pandas_parquet_with_categoricals_and_an_index(tmp_path: Path) -> None:
+    source = load_breast_cancer()
+    labels = pa.DictionaryArray.from_arrays(pa.array(source.target, pa.int8()), pa.array(["malignant", "benign"]))
+    size = pa.DictionaryArray.from_arrays(pa.array(np.arange(569) % 3, pa.int8()), pa.array([0.5, 1.5, 2.5]))
+    columns = {"radius": pa.array(source.data[:, 0]), "size": size, "label": labels}
+    columns["__index_level_0__"] = pa.array(np.arange(569) + 1000)
+    path = pandas_parquet(tmp_path / "t.parquet", columns, ["__index_level_0__"])
+
+    data = parse(path)
+
+    assert data.class_names == ["benign", "malignant"] and data.input_shape == [2]
+    np.testing.assert_array_equal(data.x_train[:, 0], source.data[:, 0].astype(np.float32))
+    np.testing.assert_array_equal(data.x_train[:, 1], (np.arange(569) % 3 + 0.5).astype(np.float32))
+    np.testing.assert_array_equal(np.array(data.class_names)[data.y_train], source.target_names[source.target])
+
+
+def test_pandas_parquet_named_index_and_categorical_split(tmp_path: Path) -> None:
+    split = pa.DictionaryArray.from_arrays(pa.array([0, 0, 0, 1], pa.int8()), pa.array(["train", "test"]))
+    columns = {"id": pa.array([7, 8, 9, 10]), "a": pa.array([1.0, 2.0, 3.0, 4.0]), "label": [0, 1, 0, 1]}
+    columns["split"] = split
+    range_index = {"kind": "range", "name": None, "start": 0, "stop": 4, "step": 1}
+    path = pandas_parquet(tmp_path / "t.parquet", columns, ["id", range_index])
+
+    data = parse(path)
+
+    assert data.input_shape == [1] and data.x_test is not None
+    np.testing.assert_array_equal(data.x_train[:, 0], [1.0, 2.0, 3.0])
+
+
+def test_uint64_class_labels_keep_their_value(tmp_path: Path) -> None:
+    labels = pa.array([0, 2**64 - 1, 0, 2**64 - 1], pa.uint64())
+    path = write_table(tmp_path / "t.parquet", {"a": [1.0, 2.0, 3.0, 4.0], "label": labels})
+    data = parse(path)
+    assert data.class_names == ["0", "18446744073709551615"]
+    np.testing.assert_array_equal(data.y_train, [0, 1, 0, 1])
+
+
+# --- messages ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("filename", ["t.csv", None])
+def test_csv_header_not_utf8(tmp_path: Path, filename: str | None) -> None:
+    path = tmp_path / "t"
+    path.write_bytes("taille,âge,label\n1,30,0\n2,40,1\n".encode("latin-1"))
+    message = rejected(path, filename=filename)
+    assert "header row is not UTF-8" in message and "byte 0xe2" in message and "column 2" in message
+
+
+@pytest.mark.parametrize("filename", ["t.csv", None])
+def test_csv_label_not_utf8(tmp_path: Path, filename: str | None) -> None:
+    path = tmp_path / "t"
+    path.write_bytes("a,label\n1,chat\n2,caf\xe9\n3,chat\n".encode("latin-1"))
+    message = rejected(path, filename=filename)
+    assert "row 2, column 'label' is not UTF-8" in message and "save the file as UTF-8" in message
+
+
+def test_image_header_over_pillows_limit_names_the_servers(tmp_path: Path) -> None:
+    image = png(np.zeros((4, 4), np.uint8))
+    path = write_zip(tmp_path / "up.zip", {"train/a/1.png": image, "train/b/2.png": png_header_only(100000, 100000)})
+    message = rejected(path, 413)
+    assert "train/b/2.png" in message and "10,000,000,000 pixels" in message
+    assert f"{UploadLimits().max_image_pixels:,}" in message and "TRAINHUB_MAX_IMAGE_PIXELS" in message
+
+
+def test_image_within_the_servers_limit_is_not_refused_by_pillows(tmp_path: Path) -> None:
+    # 400M pixels is over Pillow's own 179M-pixel refusal; the server allows 1G here, so what
+    # stops this header-only PNG is the unpacked-bytes budget its decoded pixels would take.
+    image = png(np.zeros((4, 4), np.uint8))
+    path = write_zip(tmp_path / "up.zip", {"train/a/1.png": image, "train/b/2.png": png_header_only(20000, 20000)})
+    message = rejected(path, 413, UploadLimits(max_image_pixels=10**9, max_unpacked_bytes=10**9))
+    assert "train/b/2.png" in message and "TRAINHUB_MAX_DATASET_UNPACKED_BYTES" in message
+
+
+def test_too_many_images_names_the_setting(tmp_path: Path) -> None:
+    path = digits_zip(tmp_path / "digits.zip")
+    message = rejected(path, 413, UploadLimits(max_examples=100))
+    assert "1,797 images" in message and "TRAINHUB_MAX_DATASET_EXAMPLES" in message
+
+
+def test_format_given_for_a_file_of_another(tmp_path: Path) -> None:
+    csv = write_table(tmp_path / "t.csv", {"a": [1, 2], "label": [0, 1]})
+    message = rejected(csv, format="npz", filename="t.csv")
+    assert "format=npz" in message and "not an npz (a zip" in message
+    assert "pass format=csv or leave format out" in message
+
+    npz = tmp_path / "a.npz"
+    np.savez(npz, x_train=np.zeros((2, 2)), y_train=np.zeros(2))
+    message = rejected(npz, format="parquet")
+    assert "not a Parquet file" in message and "format=npz" in message
+
+
+@pytest.mark.parametrize("member", ["../../x", "/etc/passwd", "train/../../a.png", "..\\evil.png", "C:/x.png"])
+def test_zip_member_outside_the_archive(tmp_path: Path, member: str) -> None:
+    image = png(np.zeros((4, 4), np.uint8))
+    path = write_zip(tmp_path / "up.zip", {"train/a/1.png": image, "train/b/2.png": image, member: b"x"})
+    message = rejected(path)
+    assert f"member {member!r} has a path outside the archive" in message
+
+
+def test_tar_member_outside_the_archive(tmp_path: Path) -> None:
+    path = tmp_path / "up.tar"
+    with tarfile.open(path, "w") as archive:
+        for name in ("../train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+            member = tarfile.TarInfo(name)
+            archive.addfile(member, io.BytesIO(b""))
+    message = rejected(path)
+    assert "member '../train-images-idx3-ubyte' has a path outside the archive" in message

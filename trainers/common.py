@@ -17,9 +17,12 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from trainers import reference
 from trainers.base import FINITE_METRICS, EpochMetrics, check_finite, check_finite_weights
 from trainers.data import Dataset
-from trainers.spec import CONV_KERNEL, JobSpec, ModelSpec, OptimizerSpec
+from trainers.layers import Layer, plan_for
+from trainers.presets import layers_of
+from trainers.spec import JobSpec, ModelSpec, OptimizerSpec, model_plan
 
 Weights = dict[str, np.ndarray]
 
@@ -67,49 +70,19 @@ def image_shape(input_shape: int | Sequence[int]) -> tuple[int, int, int]:
 
 
 def init_weights(model: ModelSpec, input_shape: int | Sequence[int], num_classes: int, seed: int) -> Weights:
-    """Initial weights of the model `model` describes, in PyTorch's names and shapes, for inputs
-    of `input_shape` ([D] or a feature count; a cnn: [H, W, C], see image_shape) and
-    `num_classes` outputs (1 for regression).
-
-    The seeds' MLP (no batch norm) is exactly `init_params`. A cnn draws its conv layers first,
-    `convs.i.weight` float32 [out, in, 3, 3] (OIHW) from N(0, 2/(in*9)) and `convs.i.bias` zeros,
-    then its dense head as `init_params` does, from the same np.random.default_rng(seed). Batch
-    norm adds `norms.i.*` (hidden dense layer i) and `conv_norms.i.*` (conv layer i): weight ones,
-    bias zeros, running_mean zeros, running_var ones; it draws nothing, so the other weights are
-    those of the same model without it.
-    """
-    rng = np.random.default_rng(seed)
-    weights: Weights = {}
-    features = input_shape if isinstance(input_shape, int) else math.prod(input_shape)
-    if model.name == "cnn":
-        height, width, c_in = image_shape(input_shape)
-        for i, c_out in enumerate(model.channels):
-            fan_in = c_in * CONV_KERNEL * CONV_KERNEL
-            scale = np.float32(np.sqrt(2.0 / fan_in))
-            shape = (c_out, c_in, CONV_KERNEL, CONV_KERNEL)
-            weights[f"convs.{i}.weight"] = rng.standard_normal(shape, dtype=np.float32) * scale
-            weights[f"convs.{i}.bias"] = np.zeros(c_out, dtype=np.float32)
-            if model.batch_norm:
-                weights.update(_norm(f"conv_norms.{i}", c_out))
-            c_in, height, width = c_out, height // 2, width // 2
-        features = c_in * height * width
-    sizes = [features, *model.hidden_sizes, num_classes]
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        scale = np.float32(np.sqrt(2.0 / fan_in))
-        weights[f"layers.{i}.weight"] = rng.standard_normal((fan_out, fan_in), dtype=np.float32) * scale
-        weights[f"layers.{i}.bias"] = np.zeros(fan_out, dtype=np.float32)
-        if model.batch_norm and i < len(sizes) - 2:
-            weights.update(_norm(f"norms.{i}", fan_out))
-    return weights
+    """Initial weights of the model `model` describes (its layer list, a preset's expanded), in
+    PyTorch's names and shapes, for inputs of `input_shape` ([D], [H, W, C], or a feature count:
+    layers.plan_for) and `num_classes` outputs (1 for regression): reference.init's draws from
+    np.random.default_rng(seed), in the list's order. The seeds' MLP is exactly `init_params`."""
+    return reference.init(plan_for(layers_of(model, num_classes), input_shape, num_classes), seed)
 
 
-def _norm(prefix: str, features: int) -> Weights:
-    return {
-        f"{prefix}.weight": np.ones(features, np.float32),
-        f"{prefix}.bias": np.zeros(features, np.float32),
-        f"{prefix}.running_mean": np.zeros(features, np.float32),
-        f"{prefix}.running_var": np.ones(features, np.float32),
-    }
+def output_width(weights: Weights) -> int:
+    """A model's output width: the rows of its last top-level dense layer (`layers.i.weight`)."""
+    dense = [name for name in weights if name.startswith("layers.") and name.endswith(".weight")]
+    if not dense:
+        raise ValueError("these weights have no dense layer (layers.i.weight) to give the outputs")
+    return int(weights[max(dense, key=lambda name: int(name.split(".")[1]))].shape[0])
 
 
 def describe(weights: Weights) -> dict:
@@ -141,42 +114,26 @@ def describe(weights: Weights) -> dict:
     }
 
 
-def forward(weights: Weights, x: np.ndarray, input_shape: Sequence[int] | None = None) -> np.ndarray:
+def forward(
+    weights: Weights, x: np.ndarray, input_shape: Sequence[int] | None = None, layers: Sequence[Layer] | None = None
+) -> np.ndarray:
     """Outputs float32 [N, outputs] (logits, or the predicted value) of the model in `weights` (eval
     mode: batch norm uses its running statistics, no dropout) for flat inputs x [N, D], in numpy:
-    the reference both frameworks' models are checked against. A cnn's images are `input_shape`
-    [H, W, C] (default: square, one channel)."""
-    model = describe(weights)
-    h = x.astype(np.float32)
-    if model["name"] == "cnn":
-        height, width, channels = image_shape(input_shape if input_shape is not None else h.shape[1])
-        h = h.reshape(len(h), height, width, channels).transpose(0, 3, 1, 2)
-        for i in range(len(model["channels"])):
-            w = weights[f"convs.{i}.weight"]
-            padded = np.pad(h, ((0, 0), (0, 0), (1, 1), (1, 1)))
-            windows = np.lib.stride_tricks.sliding_window_view(padded, (CONV_KERNEL, CONV_KERNEL), axis=(2, 3))
-            h = np.einsum("nchwij,ocij->nohw", windows, w, optimize=True) + weights[f"convs.{i}.bias"][:, None, None]
-            if model["batch_norm"]:
-                h = _batch_norm(weights, f"conv_norms.{i}", h, axis=1)
-            h = np.maximum(h, 0.0)
-            n, c, hh, ww = h.shape
-            h = h[:, :, : hh // 2 * 2, : ww // 2 * 2].reshape(n, c, hh // 2, 2, ww // 2, 2).max(axis=(3, 5))
-        h = h.reshape(len(h), -1)
-    layers = len(model["hidden_sizes"]) + 1
-    for i in range(layers):
-        h = h @ weights[f"layers.{i}.weight"].T + weights[f"layers.{i}.bias"]
-        if i < layers - 1:
-            if model["batch_norm"]:
-                h = _batch_norm(weights, f"norms.{i}", h, axis=1)
-            h = np.maximum(h, 0.0)
-    return h.astype(np.float32)
-
-
-def _batch_norm(weights: Weights, prefix: str, h: np.ndarray, axis: int) -> np.ndarray:
-    shape = [1] * h.ndim
-    shape[axis] = -1
-    get = lambda kind: weights[f"{prefix}.{kind}"].reshape(shape)  # noqa: E731
-    return (h - get("running_mean")) / np.sqrt(get("running_var") + BATCH_NORM_EPS) * get("weight") + get("bias")
+    the reference both frameworks' models are checked against. The model is `layers` (spec.json's
+    model.layers), or the preset the weights' names and shapes say; image layers read the input
+    as `input_shape` [H, W, C] (default: square, one channel)."""
+    if layers is None:
+        info = describe(weights)
+        spec = ModelSpec.model_construct(
+            name=info["name"],
+            hidden_sizes=info["hidden_sizes"],
+            channels=info["channels"] or [1],
+            batch_norm=info["batch_norm"],
+            dropout=0.0,
+        )
+        layers = layers_of(spec, info["num_classes"])
+    shape = tuple(input_shape) if input_shape is not None else int(x.shape[1])
+    return reference.forward(plan_for(list(layers), shape, output_width(weights)), weights, x)
 
 
 BATCH_NORM_EPS = 1e-5  # PyTorch's default, used by both frameworks
@@ -349,7 +306,10 @@ def write_common_artifacts(
     """
     check_finite_weights(weights, metrics[-1].epoch if metrics else 0)
     workdir = Path(workdir)
-    tensors = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in weights.items()}
+    # The plan's order, so the file lists the tensors alike whichever framework wrote it.
+    order = {name: i for i, name in enumerate(model_plan(spec).param_shapes())}
+    ordered = sorted(weights.items(), key=lambda item: order.get(item[0], len(order)))
+    tensors = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in ordered}
     # "format": "pt" tells safetensors-aware loaders that the names follow PyTorch's layout.
     save_file(tensors, workdir / WEIGHTS_FILE, metadata={"format": "pt", "framework": spec.framework})
     (workdir / METRICS_FILE).write_text(json.dumps([m.to_dict() for m in metrics], indent=2, allow_nan=False))

@@ -1,8 +1,10 @@
-"""The MLP and CNN in flax.linen, and conversion to and from the framework-neutral weights.
+"""Models in flax.linen built from a layer list's plan (trainers/layers.py), and conversion to
+and from the framework-neutral weights.
 
-flax names the Dense layers `layers_0`, `layers_1`, ... with `kernel` [in, out] and `bias`
-[out]; the weights files use PyTorch's `layers.0.weight` [out, in]. `params_from_weights` and
-`weights_from_params` convert between the two, so either framework's weights load here.
+flax names the modules `layers_0`, `convs_1`, `residuals_0`/`convs_0` ... with `kernel` [in, out]
+(dense) or HWIO (conv) and `bias`; the weights files use PyTorch's `layers.0.weight` [out, in]
+and OIHW. `params_from_weights` and `weights_from_params` convert between the two, so either
+framework's weights load here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trainers.common import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, Weights, describe, image_shape, read_weights
+from trainers.common import (
+    BATCH_NORM_EPS,
+    BATCH_NORM_MOMENTUM,
+    Weights,
+    describe,
+    image_shape,
+    output_width,
+    read_weights,
+)
+from trainers.layers import Layer, Op, plan_for
+from trainers.presets import layers_of
+from trainers.reference import NORM_EPS
 from trainers.spec import CONV_KERNEL, ModelSpec
 
 
@@ -52,38 +65,6 @@ class BatchNorm(nn.Module):
         return ((x32 - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias).astype(x.dtype)
 
 
-class MLP(nn.Module):
-    """x float32 [B, in_features] -> hidden_sizes (ReLU, then dropout) -> logits [B, num_classes].
-
-    Dropout is active only with `train=True`, and then needs a `dropout` PRNG stream. With
-    `batch_norm`, `norms_i` follows hidden layer i, before its ReLU (its statistics live in the
-    `batch_stats` collection, updated with `train=True` and mutable=["batch_stats"]). `dtype` is
-    the compute dtype (bfloat16 for mixed precision): params stay float32, logits come out float32.
-    """
-
-    hidden_sizes: Sequence[int]
-    num_classes: int
-    dropout: float = 0.0
-    batch_norm: bool = False
-    dtype: jnp.dtype = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-        return self.head(x, train)
-
-    def head(self, x: jax.Array, train: bool) -> jax.Array:
-        x = x.astype(self.dtype)
-        for i, size in enumerate(self.hidden_sizes):
-            x = nn.Dense(size, name=f"layers_{i}", dtype=self.dtype)(x)
-            if self.batch_norm:
-                x = BatchNorm(name=f"norms_{i}")(x, train=train)
-            x = nn.relu(x)
-            if self.dropout > 0.0:
-                x = nn.Dropout(self.dropout, deterministic=not train)(x)
-        logits = nn.Dense(self.num_classes, name=f"layers_{len(self.hidden_sizes)}", dtype=self.dtype)(x)
-        return logits.astype(jnp.float32)
-
-
 class PatchConv(nn.Module):
     """A 3x3 "SAME" convolution as one matmul over the 9 shifted copies of the input (im2col):
     x [B, H, W, C] -> [B, H, W, 9C] @ kernel.reshape(9C, features) + bias -> [B, H, W, features].
@@ -95,6 +76,7 @@ class PatchConv(nn.Module):
     matmuls, which XLA runs at the matmul rate."""
 
     features: int
+    use_bias: bool = True
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -103,7 +85,6 @@ class PatchConv(nn.Module):
         kernel = self.param(
             "kernel", nn.initializers.lecun_normal(), (CONV_KERNEL, CONV_KERNEL, channels, self.features)
         )
-        bias = self.param("bias", nn.initializers.zeros, (self.features,))
         pad = CONV_KERNEL // 2
         padded = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
         # (row offset, column offset, channel) order: the order of kernel.reshape's rows.
@@ -112,56 +93,136 @@ class PatchConv(nn.Module):
             axis=-1,
         )
         matrix = kernel.reshape(CONV_KERNEL * CONV_KERNEL * channels, self.features).astype(self.dtype)
-        return patches.astype(self.dtype) @ matrix + bias.astype(self.dtype)
+        out = patches.astype(self.dtype) @ matrix
+        if not self.use_bias:
+            return out
+        return out + self.param("bias", nn.initializers.zeros, (self.features,)).astype(self.dtype)
 
 
-class CNN(MLP):
-    """x float32 [B, H*W*C] -> [B, H, W, C] (NHWC; `image` = (H, W, C), default a square
-    one-channel image of the features) -> per `channels`: 3x3 conv ("SAME"),
-    [batch norm], ReLU, 2x2 max pool -> flattened in PyTorch's (C, H, W) order -> the MLP head.
+class LayerModel(nn.Module):
+    """x float32 [B, D] -> the plan's layers -> outputs [B, outputs] float32 (logits, or one value).
 
-    Conv kernels are `convs_i.kernel` [3, 3, in, out] (HWIO); the weights files hold them as
-    PyTorch's OIHW. Flattening channel-first keeps the head's weights identical to PyTorch's.
-    """
+    Images are NHWC inside (the input, flat in (row, column, channel) order, is reshaped when a
+    spatial layer first needs it); `flatten` gives PyTorch's (channel, row, column) order, so a
+    dense layer after it holds the same weights as PyTorch's. Submodules are named as the
+    weights (`layers_0`, `convs_1`, `residuals_0` ...). Dropout is active only with `train=True`,
+    and then needs a `dropout` PRNG stream; batch norm's statistics live in the `batch_stats`
+    collection (updated with `train=True` and mutable=["batch_stats"]). `dtype` is the compute
+    dtype (bfloat16 for mixed precision): params stay float32."""
 
-    channels: Sequence[int] = (32, 64)
-    conv_as_matmul: bool = False  # PatchConv instead of nn.Conv (on the CPU: see PatchConv)
-    image: tuple[int, ...] = ()
+    ops: tuple[Op, ...]
+    input_shape: tuple[int, ...]
+    dtype: Any = jnp.float32
+    conv_as_matmul: bool = False  # PatchConv for 3x3 "same" convs (on the CPU: see PatchConv)
 
     @nn.compact
     def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-        height, width, channels = image_shape(self.image or x.shape[-1])
-        x = x.reshape(x.shape[0], height, width, channels).astype(self.dtype)
-        for i, channels in enumerate(self.channels):
-            if self.conv_as_matmul:
-                x = PatchConv(channels, name=f"convs_{i}", dtype=self.dtype)(x)
-            else:
-                x = nn.Conv(channels, (CONV_KERNEL, CONV_KERNEL), padding="SAME", name=f"convs_{i}", dtype=self.dtype)(
-                    x
-                )
-            if self.batch_norm:
-                x = BatchNorm(name=f"conv_norms_{i}")(x, train=train)
-            x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
-        x = x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1)
-        return self.head(x, train)
+        x = x.astype(self.dtype)
+        for op in self.ops:
+            x = self.apply_op(op, x, train)
+        return x.astype(jnp.float32)
+
+    def apply_op(self, op: Op, x: jax.Array, train: bool) -> jax.Array:
+        if op.reshapes_input:
+            # No input shape given (a weights file's model): a square one-channel image.
+            height, width, channels = image_shape(self.input_shape or x.shape[-1])
+            x = x.reshape(x.shape[0], height, width, channels)
+        kind = op.kind
+        if kind == "dense":
+            units = dict(op.params)[f"{op.name}.weight"][0]
+            dense = nn.Dense(units, use_bias=op.arg("use_bias"), name=op.local_name, dtype=self.dtype)
+            return dense(x.reshape(x.shape[0], -1))
+        if kind == "conv2d":
+            return self.conv(op)(x)
+        if kind == "batch_norm":
+            return BatchNorm(name=op.local_name)(x, train=train)
+        if kind == "layer_norm":
+            return nn.LayerNorm(epsilon=NORM_EPS, use_fast_variance=False, name=op.local_name, dtype=self.dtype)(x)
+        if kind in ("max_pool", "avg_pool"):
+            window, strides = op.arg("window"), op.arg("strides") or op.arg("window")
+            pool = nn.max_pool if kind == "max_pool" else nn.avg_pool
+            return pool(x, (window, window), strides=(strides, strides))
+        if kind == "global_avg_pool":
+            return x.mean(axis=(1, 2))
+        if kind == "flatten":
+            return x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1) if x.ndim == 4 else x
+        if kind == "dropout":
+            return nn.Dropout(op.arg("rate"), deterministic=not train)(x)
+        if kind == "residual":
+            block = Residual(
+                ops=op.body,
+                input_shape=self.input_shape,
+                project=op.projection is not None,
+                image=op.out_state == "image",
+                dtype=self.dtype,
+                conv_as_matmul=self.conv_as_matmul,
+                name=op.local_name,
+            )
+            return block(x, train=train)
+        return ACTIVATIONS[kind](x)
+
+    def conv(self, op: Op) -> nn.Module:
+        filters, k = dict(op.params)[f"{op.name}.weight"][0], op.arg("kernel_size")
+        use_bias, same = op.arg("use_bias"), op.arg("padding") == "same"
+        if self.conv_as_matmul and k == 3 and same:
+            return PatchConv(filters, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
+        strides = (op.arg("strides"),) * 2
+        padding = "SAME" if same else "VALID"
+        return nn.Conv(filters, (k, k), strides, padding, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
+
+
+class Residual(LayerModel):
+    """A residual block: its layers' output plus its input (through `projection`, a 1x1 conv or a
+    dense layer, when the widths differ)."""
+
+    project: bool = False
+    image: bool = False
+
+    @nn.compact
+    def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+        x = x if self.image else x.reshape(x.shape[0], -1)
+        out = x
+        for op in self.ops:
+            out = self.apply_op(op, out, train)
+        if not self.project:
+            return out + x
+        width = out.shape[-1]
+        projection = (
+            nn.Conv(width, (1, 1), name="projection", dtype=self.dtype)
+            if self.image
+            else nn.Dense(width, name="projection", dtype=self.dtype)
+        )
+        return out + projection(x)
+
+
+ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # PyTorch's default, the exact form
+    "tanh": jnp.tanh,
+    "sigmoid": nn.sigmoid,
+    "silu": nn.silu,
+}
+
+
+def build_layers(
+    layers: Sequence[Layer], outputs: int, input_shape: Sequence[int] | int | None = None, dtype: Any = jnp.float32
+) -> LayerModel:
+    """The flax module of `layers` for inputs of `input_shape` ([D], [H, W, C], or a feature count
+    as layers.plan_for reads it; None: image layers read the input as a square one-channel image
+    of its features) with `outputs` units out."""
+    shape = input_shape if isinstance(input_shape, int) or input_shape is None else tuple(input_shape)
+    model_plan = plan_for(list(layers), shape if shape is not None else 784, outputs)
+    known = model_plan.input_shape if input_shape is not None else ()
+    return LayerModel(model_plan.ops, known, dtype, conv_as_matmul=jax.default_backend() == "cpu")
 
 
 def build(
     model: ModelSpec, num_classes: int, dtype: Any = jnp.float32, input_shape: Sequence[int] | None = None
-) -> MLP:
+) -> LayerModel:
     """The flax module `model` describes with `num_classes` outputs (1 for regression). Inputs come
-    flat; a cnn reshapes them to `input_shape` [H, W, C] (default: a square one-channel image)."""
-    common = dict(
-        hidden_sizes=tuple(model.hidden_sizes),
-        num_classes=num_classes,
-        dropout=model.dropout,
-        batch_norm=model.batch_norm,
-        dtype=dtype,
-    )
-    if model.name == "cnn":
-        image = tuple(input_shape) if input_shape is not None and len(input_shape) == 3 else ()
-        return CNN(channels=tuple(model.channels), conv_as_matmul=jax.default_backend() == "cpu", image=image, **common)
-    return MLP(**common)
+    flat; image layers read them as `input_shape` [H, W, C] (default: a square one-channel image
+    of the features, for weights files that do not say)."""
+    return build_layers(layers_of(model, num_classes), num_classes, input_shape, dtype)
 
 
 # weights.safetensors name -> (flax collection, flax leaf) for each tensor kind, and the layout
@@ -175,25 +236,47 @@ _NORM_LEAVES = {
 }
 
 
+def _path(name: str) -> tuple[list[str], str]:
+    """A weights name as (flax module path, tensor kind): `residuals.0.convs.1.weight` ->
+    (["residuals_0", "convs_1"], "weight"); `residuals.0.projection.bias` -> (["residuals_0",
+    "projection"], "bias")."""
+    *tokens, kind = name.split(".")
+    path, i = [], 0
+    while i < len(tokens):
+        if i + 1 < len(tokens) and tokens[i + 1].isdigit():
+            path.append(f"{tokens[i]}_{tokens[i + 1]}")
+            i += 2
+        else:
+            path.append(tokens[i])
+            i += 1
+    return path, kind
+
+
+def _is_norm(path: list[str]) -> bool:
+    return bool(path) and "norms" in path[-1]  # norms_i, conv_norms_i, layer_norms_i
+
+
 def variables_from_weights(weights: Weights) -> dict:
     """flax variables {"params": ..., ["batch_stats": ...]} from PyTorch-style weights of any model.
 
-    `layers.i.weight` [out, in] -> params["layers_i"]["kernel"] [in, out]; `convs.i.weight` OIHW ->
-    params["convs_i"]["kernel"] HWIO; `norms.i.weight/bias/running_mean/running_var` ->
-    params["norms_i"]["scale"/"bias"], batch_stats["norms_i"]["mean"/"var"]. Raises ValueError
-    for foreign names.
-    """
-    describe(weights)
+    A dense `weight` [out, in] -> `kernel` [in, out]; a conv `weight` OIHW -> `kernel` HWIO;
+    norms' `weight`/`bias` -> params `scale`/`bias`, batch norm's `running_mean`/`running_var` ->
+    batch_stats `mean`/`var`; each under its module path (`layers_0`, `residuals_0`/`convs_1`).
+    Raises ValueError for foreign names."""
     variables: dict = {"params": {}}
     for name, value in weights.items():
-        group, index, kind = name.split(".")
+        path, kind = _path(name)
+        table = _NORM_LEAVES if _is_norm(path) else _LEAVES
+        if not path or kind not in table:
+            raise ValueError(f"not the weights of a trainhub model: {name!r} is no layer's tensor")
+        collection, leaf = table[kind]
         value = np.asarray(value)
-        collection, leaf = (_NORM_LEAVES if "norms" in group else _LEAVES)[kind]
-        if kind == "weight" and group == "layers":
-            value = value.T
-        elif kind == "weight" and group == "convs":
-            value = value.transpose(2, 3, 1, 0)
-        variables.setdefault(collection, {}).setdefault(f"{group}_{index}", {})[leaf] = jnp.asarray(value)
+        if leaf == "kernel":
+            value = value.T if value.ndim == 2 else value.transpose(2, 3, 1, 0)
+        node = variables.setdefault(collection, {})
+        for segment in path:
+            node = node.setdefault(segment, {})
+        node[leaf] = jnp.asarray(value)
     return variables
 
 
@@ -202,55 +285,81 @@ def params_from_weights(weights: Weights) -> dict:
     return variables_from_weights(weights)["params"]
 
 
-def weights_from_params(params: Mapping[str, Any], batch_stats: dict | None = None) -> Weights:
+def weights_from_params(
+    params: Mapping[str, Any], batch_stats: dict | None = None, order: Sequence[str] | None = None
+) -> Weights:
     """PyTorch-style numpy weights (`layers.i.weight` [out, in], `convs.i.weight` OIHW, ...) from
-    flax params (and batch_stats); copies to host. The inverse of `variables_from_weights`."""
+    flax params (and batch_stats); copies to host. The inverse of `variables_from_weights`. The
+    tensors come in `order` (a plan's param_shapes), else in the presets' order."""
     host = jax.device_get({"params": params, "batch_stats": batch_stats or {}})
     weights: Weights = {}
     for collection, modules in host.items():
-        for module, leaves in modules.items():
-            group, index = module.rsplit("_", 1)
-            table = _NORM_LEAVES if "norms" in group else _LEAVES
-            for kind, (coll, leaf) in table.items():
-                if coll != collection or leaf not in leaves:
-                    continue
-                value = np.asarray(leaves[leaf], dtype=np.float32)
-                if kind == "weight" and group == "layers":
-                    value = value.T
-                elif kind == "weight" and group == "convs":
-                    value = value.transpose(3, 2, 0, 1)
-                weights[f"{group}.{index}.{kind}"] = np.ascontiguousarray(value)
+        _collect(collection, modules, [], weights)
+    rank = {name: i for i, name in enumerate(order or ())}
     # The order init_weights uses, so the files list tensors alike whichever framework wrote them.
-    return dict(sorted(weights.items(), key=lambda item: _order(item[0])))
+    return dict(sorted(weights.items(), key=lambda item: (rank.get(item[0], len(rank)), _order(item[0]))))
+
+
+def _collect(collection: str, node: Mapping[str, Any], path: list[str], weights: Weights) -> None:
+    for key, value in node.items():
+        if isinstance(value, Mapping):
+            _collect(collection, value, [*path, key], weights)
+            continue
+        table = _NORM_LEAVES if _is_norm(path) else _LEAVES
+        kind = next(k for k, (coll, leaf) in table.items() if coll == collection and leaf == key)
+        array = np.asarray(value, dtype=np.float32)
+        if key == "kernel":
+            array = array.T if array.ndim == 2 else array.transpose(3, 2, 0, 1)
+        prefix = ".".join(_weights_segment(segment) for segment in path)
+        weights[f"{prefix}.{kind}"] = np.ascontiguousarray(array)
+
+
+def _weights_segment(segment: str) -> str:
+    """A flax module name as the weights spell it: `conv_norms_0` -> `conv_norms.0`; `projection` stays."""
+    group, _, index = segment.rpartition("_")
+    return f"{group}.{index}" if index.isdigit() else segment
 
 
 def _order(name: str) -> tuple:
-    group, index, kind = name.split(".")
-    kinds = ("weight", "bias", "running_mean", "running_var")
+    """The presets' order: conv layers (each with its norm), then dense layers (each with its norm)."""
+    parts = name.split(".")
     groups = {"convs": (0, 0), "conv_norms": (0, 1), "layers": (1, 0), "norms": (1, 1)}
+    if len(parts) != 3 or parts[0] not in groups:
+        return (2, 0, 0, 0, name)
+    group, index, kind = parts
+    kinds = ("weight", "bias", "running_mean", "running_var")
     major, minor = groups[group]
-    return (major, int(index), minor, kinds.index(kind))
+    return (major, int(index), minor, kinds.index(kind), name)
 
 
-def load_weights(path: Path, dropout: float = 0.0, input_shape: Sequence[int] | None = None) -> tuple[MLP, dict]:
+def load_weights(
+    path: Path,
+    dropout: float = 0.0,
+    input_shape: Sequence[int] | int | None = None,
+    layers: Sequence[Layer] | None = None,
+) -> tuple[LayerModel, dict]:
     """(model, variables) from a weights.safetensors file written by either trainer: the flax
     variables as `model.init` lays them out ({"params": ...}, and "batch_stats" with batch norm),
-    ready for `model.apply(variables, x, train=False)` and `evaluate`. A cnn's images are
-    `input_shape` [H, W, C] (the job's spec.json; default: square, one channel).
-
-    The architecture is read from the tensor shapes. Raises ValueError for other tensor names.
-    """
+    ready for `model.apply(variables, x, train=False)` and `evaluate`. A model given by its
+    `layers` (spec.json's model.layers) is built from them, a preset from the tensor shapes; image
+    layers read the input as `input_shape` [H, W, C] (the job's dataset; default: square, one
+    channel). Raises ValueError for tensor names of no model."""
     weights = read_weights(path)
-    info = describe(weights)
-    spec = ModelSpec.model_construct(
-        name=info["name"],
-        hidden_sizes=info["hidden_sizes"],
-        dropout=dropout,
-        channels=info["channels"] or [1],
-        batch_norm=info["batch_norm"],
-    )
-    model = build(spec, info["num_classes"], input_shape=input_shape)
-    return model, variables_from_weights(weights)
+    if layers is None:
+        info = describe(weights)
+        spec = ModelSpec.model_construct(
+            name=info["name"],
+            hidden_sizes=info["hidden_sizes"],
+            dropout=dropout,
+            channels=info["channels"] or [1],
+            batch_norm=info["batch_norm"],
+        )
+        layers = layers_of(spec, info["num_classes"])
+        input_shape = info["in_features"] or input_shape
+        outputs = info["num_classes"]
+    else:
+        outputs = output_width(weights)
+    return build_layers(layers, outputs, input_shape), variables_from_weights(weights)
 
 
 def _variables(params: dict) -> dict:
@@ -274,7 +383,7 @@ def losses(logits: jax.Array, y: jax.Array, task: str) -> tuple[jax.Array, jax.A
 
 
 def eval_metrics(
-    model: MLP, params: dict, x: jax.Array, y: jax.Array, task: str = "classification"
+    model: LayerModel, params: dict, x: jax.Array, y: jax.Array, task: str = "classification"
 ) -> tuple[jax.Array, jax.Array]:
     """Traceable (mean loss, mean score) of `model` on x [N, D], y [N] (see `losses`: cross-entropy
     and accuracy, or squared and absolute error), EVAL_BATCH examples at a time (`jax.lax.map`
@@ -297,7 +406,7 @@ def eval_metrics(
 
 
 def evaluate(
-    model: MLP, params: dict, x: np.ndarray, y: np.ndarray, task: str = "classification"
+    model: LayerModel, params: dict, x: np.ndarray, y: np.ndarray, task: str = "classification"
 ) -> tuple[float, float]:
     """(mean loss, mean score) over the whole of x [N, D], y [N]: (cross-entropy in nats, accuracy
     in [0, 1]) for classification, (squared error, absolute error) for regression."""

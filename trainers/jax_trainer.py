@@ -48,7 +48,14 @@ from trainers.common import (
     write_common_artifacts,
 )
 from trainers.data import load_dataset
-from trainers.jax_models import MLP, build, eval_metrics, losses, variables_from_weights, weights_from_params
+from trainers.jax_models import (
+    LayerModel,
+    build,
+    eval_metrics,
+    losses,
+    variables_from_weights,
+    weights_from_params,
+)
 from trainers.spec import JobSpec
 
 if TYPE_CHECKING:  # for annotations only: no import at run time
@@ -194,14 +201,14 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
     )
 
 
-def build_model(spec: JobSpec, outputs: int, input_shape: tuple[int, ...] = ()) -> MLP:
+def build_model(spec: JobSpec, outputs: int, input_shape: tuple[int, ...] = ()) -> LayerModel:
     """The flax module; bf16: params and optimizer state stay float32, the model computes in bfloat16."""
     return build(spec.model, outputs, jnp.bfloat16 if spec.precision == "bf16" else jnp.float32, input_shape or None)
 
 
 def create_train_state(
     spec: JobSpec,
-    model: MLP,
+    model: LayerModel,
     input_shape: int | tuple[int, ...],
     outputs: int,
     steps_per_epoch: int,

@@ -13,7 +13,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+
+from trainers.layers import Layer, LayerError, Plan, all_layers, plan, walk
+from trainers.presets import layers_of
 
 Framework = Literal["jax", "pytorch"]
 Hardware = Literal["cpu", "gpu", "tpu"]
@@ -47,24 +50,33 @@ def _new(default: Any, **kwargs: Any) -> Any:
 
 
 MAX_CONV_LAYERS = 4
+MAX_LAYERS = 64
 MAX_CHANNELS = 1024
 CONV_KERNEL = 3  # 3x3 convolutions, "same" padding, each followed by a 2x2 max pool
 
 
 class ModelSpec(_Strict):
-    """`mlp`: flattened input -> hidden_sizes (ReLU) -> num_classes logits.
+    """A preset by `name`, or your own `layers` (trainers/layers.py: dense, conv2d, pools,
+    flatten, dropout, batch_norm, layer_norm, activations, residual), built the same by both
+    trainers. The presets are layer lists too (GET /models/presets shows them expanded):
 
-    `cnn`: the input as a square one-channel image (784 -> 28x28x1, digits' 64 -> 8x8x1), then
-    per entry of `channels` a 3x3 convolution ("same" padding), ReLU and a 2x2 max pool (each
-    pool halves the side, rounding down), flattened in PyTorch's (channel, row, column) order,
-    then the MLP head hidden_sizes -> num_classes. Defaults: two conv layers of 32 and 64.
+    `mlp`: flattened input -> hidden_sizes (ReLU) -> num_classes logits.
+
+    `cnn`: the input as an image (784 -> 28x28x1, digits' 64 -> 8x8x1, an uploaded dataset's
+    [H, W, C]), then per entry of `channels` a 3x3 convolution ("same" padding), ReLU and a 2x2
+    max pool (each pool halves the side, rounding down), flattened in PyTorch's (channel, row,
+    column) order, then the MLP head hidden_sizes -> num_classes. Defaults: two conv layers of 32
+    and 64.
 
     `batch_norm` puts a batch norm (PyTorch's semantics: momentum 0.1, eps 1e-5, unbiased running
     variance) after every hidden dense and conv layer, before the ReLU; `dropout` follows the
-    ReLU of every hidden dense layer.
+    ReLU of every hidden dense layer. These knobs are for `mlp` and `cnn` only.
+
+    `lenet5` (for 28x28 images) and `resnet8` (a small residual network for 28x28 and 32x32
+    images) have no knobs.
     """
 
-    name: Literal["mlp", "cnn"] = "mlp"
+    name: Literal["mlp", "cnn", "lenet5", "resnet8"] | None = "mlp"
     hidden_sizes: Annotated[
         list[Annotated[int, Field(ge=1, le=MAX_HIDDEN_UNITS)]],
         Field(max_length=MAX_HIDDEN_LAYERS),
@@ -74,12 +86,39 @@ class ModelSpec(_Strict):
         list[Annotated[int, Field(ge=1, le=MAX_CHANNELS)]], Field(min_length=1, max_length=MAX_CONV_LAYERS)
     ] = _new([32, 64], description="cnn only: output channels of each 3x3 conv layer.")
     batch_norm: bool = _new(False, description="Batch norm after each hidden layer, before its ReLU.")
+    layers: Annotated[list[Layer], Field(min_length=1, max_length=MAX_LAYERS)] | None = _new(
+        None, description="Your own model, layer by layer (leave name out); the last layer gives the outputs."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _layers_or_name(cls, value: object) -> object:
+        if isinstance(value, dict) and value.get("layers") is not None:
+            if value.get("name") is not None:
+                raise ValueError("give a preset's name or your own layers, not both")
+            value = {**value, "name": None}
+        return value
 
     @model_validator(mode="after")
-    def _channels_for_cnn(self) -> ModelSpec:
-        if self.name == "mlp" and "channels" in self.model_fields_set:
+    def _knobs_fit_the_model(self) -> ModelSpec:
+        knobs = [k for k in ("hidden_sizes", "dropout", "batch_norm", "channels") if k in self.model_fields_set]
+        if self.name == "mlp" and "channels" in knobs:
             raise ValueError("channels is for model cnn only; remove it or set model.name to cnn")
+        if self.name not in ("mlp", "cnn") and knobs:
+            owner = "your layers" if self.layers is not None else f"preset {self.name}"
+            raise ValueError(f"{', '.join(knobs)} are for presets mlp and cnn, not {owner}; remove them")
         return self
+
+    @model_serializer(mode="wrap")
+    def _only_what_applies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A layer list is the whole model: the presets' knobs (and their defaults) would only mislead.
+        data = handler(self)
+        if self.layers is not None or self.name in ("lenet5", "resnet8"):
+            for knob in ("hidden_sizes", "dropout", "channels", "batch_norm"):
+                data.pop(knob, None)
+            if self.layers is not None:
+                data.pop("name", None)
+        return data
 
 
 Task = Literal["classification", "regression"]
@@ -309,22 +348,27 @@ class TrainingSpec(_Strict):
         shape = data_shape(self.dataset)
         if shape is None:
             return self
-        if self.model.name == "cnn":
-            if len(shape.input_shape) != 3:
-                raise ValueError(
-                    f"model cnn needs images ([H, W, C]) but dataset {self.dataset.label} has "
-                    f"{shape.features} features per example; use model mlp"
-                )
-            height, width, _ = shape.input_shape
-            if min(conv_output_sides(self)) < 1:
+        name = self.model.name
+        if name in ("cnn", "lenet5", "resnet8") and len(shape.input_shape) != 3:
+            raise ValueError(
+                f"model {name} needs images ([H, W, C]) but dataset {self.dataset.label} has "
+                f"{shape.features} features per example; use model mlp"
+            )
+        try:
+            count = model_plan(self).parameters
+        except LayerError as exc:
+            if name == "cnn":
+                height, width, _ = shape.input_shape
                 raise ValueError(
                     f"model.channels has {len(self.model.channels)} conv layers, each halving the "
                     f"{height}x{width} images of {self.dataset.label} to nothing; use fewer conv layers"
-                )
-        if (count := parameter_count(self)) > MAX_PARAMETERS:
+                ) from None
+            raise ValueError(str(exc)) from None
+        if count > MAX_PARAMETERS:
+            field = "model.hidden_sizes" if name in ("mlp", "cnn") else "model.layers"
             raise ValueError(
-                f"model.hidden_sizes gives {count:,} parameters, more than the limit of {MAX_PARAMETERS:,}; "
-                "use fewer or smaller hidden layers"
+                f"{field} gives {count:,} parameters, more than the limit of {MAX_PARAMETERS:,}; "
+                "use fewer or smaller layers"
             )
         return self
 
@@ -335,10 +379,10 @@ class TrainingSpec(_Strict):
                 f"optimizer.warmup_epochs ({self.optimizer.warmup_epochs}) must be fewer than "
                 f"the {self.epochs} epochs, leaving some for the cosine decay"
             )
-        if self.privacy is not None and self.model.batch_norm:
+        if self.privacy is not None and uses_batch_norm(self.model):
             raise ValueError(
                 "privacy needs per-example gradients, which batch_norm (mixing the examples "
-                "of a batch) does not have; turn model.batch_norm off"
+                "of a batch) does not have; turn model.batch_norm off (or use layer_norm in your layers)"
             )
         if self.precision == "bf16" and self.hardware == "cpu":
             raise ValueError('precision "bf16" needs hardware gpu or tpu; on cpu use precision "fp32"')
@@ -397,14 +441,16 @@ def _check_batch_norm(spec: TrainingSpec) -> None:
     """Raise ValueError when a batch norm layer would see a single value per channel in a
     training step: its batch variance is then 0/0 (PyTorch refuses it; JAX's unbiased running
     variance divides by zero). A layer sees (batch per device) x (its feature map's area)
-    values per channel: the area is 1 for a dense layer, side**2 for a conv layer."""
-    if not spec.model.batch_norm or data_shape(spec.dataset) is None:
+    values per channel: the area is 1 after a dense layer, H x W on an image."""
+    if not uses_batch_norm(spec.model) or data_shape(spec.dataset) is None:
         return
     per_device = spec.batch_size // spec.devices
-    areas = [height * width for height, width in conv_sides(spec)] if spec.model.name == "cnn" else []
-    if spec.model.hidden_sizes:
-        areas.append(1)
-    if areas and per_device * min(areas) < 2:
+    areas = [
+        op.out_shape[0] * op.out_shape[1] if op.out_state == "image" else 1
+        for op in walk(model_plan(spec).ops)
+        if op.kind == "batch_norm"
+    ]
+    if per_device * min(areas) < 2:
         where = "a hidden dense layer" if min(areas) == 1 else "the last conv layer (1x1 feature maps)"
         each = f" on each of the {spec.devices} devices" if spec.devices > 1 else ""
         raise ValueError(
@@ -423,7 +469,7 @@ def _check_ddp(spec: TrainingSpec) -> None:
             "devices above 1 for pytorch on tpu is not available (no torch_xla DDP here); "
             "use framework jax on tpu, or devices 1"
         )
-    if spec.model.batch_norm and spec.hardware == "cpu":
+    if uses_batch_norm(spec.model) and spec.hardware == "cpu":
         raise ValueError(
             "model.batch_norm with devices above 1 needs SyncBatchNorm, which PyTorch has on gpu "
             "only: on cpu use devices 1, or turn batch_norm off"
@@ -457,34 +503,27 @@ def _shape(spec: TrainingSpec) -> DataShape:
     return shape
 
 
-def conv_sides(spec: TrainingSpec) -> list[tuple[int, int]]:
-    """(height, width) of each cnn conv layer's output ("same" padding: its input's), before its pool."""
-    sides, (height, width) = [], _shape(spec).input_shape[:2]
-    for _ in spec.model.channels:
-        sides.append((height, width))
-        height, width = height // 2, width // 2
-    return sides
+def model_plan(spec: TrainingSpec) -> Plan:
+    """The model's layer list (a preset's, expanded) walked for the dataset's examples: shapes,
+    parameters and FLOPs (trainers.layers.plan). Raises LayerError when a layer cannot take its input."""
+    shape = _shape(spec)
+    return plan(layers_of(spec.model, shape.outputs), shape.input_shape, shape.outputs)
 
 
-def conv_output_sides(spec: TrainingSpec) -> tuple[int, int]:
-    """(height, width) of the feature maps after the cnn's conv layers (each 2x2 pool floors half)."""
-    height, width = _shape(spec).input_shape[:2]
-    return height >> len(spec.model.channels), width >> len(spec.model.channels)
+def uses_batch_norm(model: ModelSpec) -> bool:
+    """Whether any layer of the model is a batch norm (mixing the examples of a batch)."""
+    return any(op.type == "batch_norm" for op in all_layers(layers_of(model, 1)))
 
 
 def parameter_count(spec: TrainingSpec) -> int:
     """Trainable weights and biases of the model `spec` trains (batch norm: scale and shift)."""
-    model, shape = spec.model, _shape(spec)
-    count, features = 0, shape.features
-    if model.name == "cnn":
-        c_in = shape.input_shape[2]
-        for c_out in model.channels:
-            count += c_in * CONV_KERNEL * CONV_KERNEL * c_out + c_out + (2 * c_out if model.batch_norm else 0)
-            c_in = c_out
-        features = c_in * math.prod(conv_output_sides(spec))
-    sizes = [features, *model.hidden_sizes, shape.outputs]
-    count += sum(n_in * n_out + n_out for n_in, n_out in zip(sizes, sizes[1:]))
-    return count + (2 * sum(model.hidden_sizes) if model.batch_norm else 0)
+    return model_plan(spec).parameters
+
+
+def flops_per_example(spec: TrainingSpec) -> int:
+    """The model's forward FLOPs for one example (2 x multiply-adds of dense and conv layers, one
+    per value for the others); a training step costs about three times as much."""
+    return model_plan(spec).flops
 
 
 def train_size(dataset: DatasetSpec) -> int:
@@ -513,11 +552,8 @@ DATA_COPIES = 2
 def activation_count(spec: TrainingSpec) -> int:
     """Values the forward pass computes for one example: each conv layer's feature maps (before
     and after its pool) and each dense layer's outputs."""
-    model, count = spec.model, 0
-    if model.name == "cnn":
-        for (height, width), channels in zip(conv_sides(spec), model.channels):
-            count += channels * height * width + channels * (height // 2) * (width // 2)
-    return count + sum(model.hidden_sizes) + _shape(spec).outputs
+    kinds = ("dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool")
+    return sum(math.prod(op.out_shape) for op in walk(model_plan(spec).ops) if op.kind in kinds)
 
 
 def memory_estimate(spec: TrainingSpec) -> dict[str, int]:

@@ -1,13 +1,16 @@
-"""The MLP and CNN as PyTorch `nn.Module`s, and loading the framework-neutral weights into them.
+"""Models as PyTorch `nn.Module`s built from a layer list's plan (trainers/layers.py), and
+loading the framework-neutral weights into them.
 
-`self.layers` is an `nn.ModuleList`, so the state_dict names are `layers.0.weight` [out, in],
-`layers.0.bias` [out], ...: exactly the names and shapes of weights.safetensors.
+Each kind of parameterised layer lives in an `nn.ModuleList` named as its weights are
+(`layers`, `convs`, `norms`, `conv_norms`, `layer_norms`, `residuals`), so the state_dict names
+are exactly those of weights.safetensors: `layers.0.weight` [out, in], `convs.0.weight`
+[out, in, k, k], ...
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,117 +18,159 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.common import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, Weights, describe, image_shape, read_weights
-from trainers.spec import CONV_KERNEL, ModelSpec
+from trainers.common import (
+    BATCH_NORM_EPS,
+    BATCH_NORM_MOMENTUM,
+    Weights,
+    describe,
+    image_shape,
+    output_width,
+    read_weights,
+)
+from trainers.layers import Layer, Op, plan_for
+from trainers.presets import layers_of
+from trainers.spec import ModelSpec
+
+GROUPS = ("layers", "convs", "norms", "conv_norms", "layer_norms", "residuals")
 
 
-class MLP(nn.Module):
-    """x float32 [B, in_features] -> hidden_sizes (ReLU, then dropout) -> logits [B, num_classes].
+class LayerModel(nn.Module):
+    """x float32 [B, D] -> the plan's layers -> outputs [B, outputs] (logits, or one value).
 
-    With `batch_norm`, `self.norms[i]` (BatchNorm1d) follows hidden layer i, before its ReLU.
-    """
+    Images are NCHW inside (the input, flat in (row, column, channel) order, is reshaped when a
+    spatial layer first needs it); `flatten` gives (channel, row, column) order. Dropout is
+    active in training mode; batch norm then updates its running statistics."""
 
-    def __init__(
-        self,
-        in_features: int,
-        hidden_sizes: Sequence[int],
-        num_classes: int,
-        dropout: float = 0.0,
-        batch_norm: bool = False,
-    ) -> None:
+    def __init__(self, ops: tuple[Op, ...], input_shape: tuple[int, ...]) -> None:
         super().__init__()
-        sizes = [in_features, *hidden_sizes, num_classes]
-        self.layers = nn.ModuleList(nn.Linear(fan_in, fan_out) for fan_in, fan_out in zip(sizes[:-1], sizes[1:]))
-        if batch_norm:  # only then: the seeds' MLP keeps exactly its state_dict names
-            self.norms = nn.ModuleList(
-                nn.BatchNorm1d(size, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM) for size in hidden_sizes
-            )
-        # Dropout holds no weights, so one module serves every hidden layer and the
-        # state_dict keeps only the layers' names.
-        self.dropout = nn.Dropout(dropout)
+        self.ops, self.input_shape = ops, input_shape
+        for group in GROUPS:
+            setattr(self, group, nn.ModuleList())
+        for op in ops:
+            if op.name is not None:
+                getattr(self, op.name.split(".")[-2]).append(_module(op, input_shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, layer in enumerate(self.layers[:-1]):
-            x = layer(x)
-            if hasattr(self, "norms"):
-                x = self.norms[i](x)
-            x = self.dropout(F.relu(x))
-        return self.layers[-1](x)
+        for op in self.ops:
+            x = self.apply_op(op, x)
+        return x
+
+    def apply_op(self, op: Op, x: torch.Tensor) -> torch.Tensor:
+        if op.reshapes_input:
+            x = _as_image(x, self.input_shape)
+        kind = op.kind
+        if kind in ("dense", "conv2d", "batch_norm"):
+            return self.module(op)(x.flatten(1) if kind == "dense" else x)
+        if kind == "layer_norm":
+            norm = self.module(op)
+            return norm(x) if x.ndim == 2 else norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if kind == "max_pool":
+            return F.max_pool2d(x, op.arg("window"), op.arg("strides") or op.arg("window"))
+        if kind == "avg_pool":
+            return F.avg_pool2d(x, op.arg("window"), op.arg("strides") or op.arg("window"))
+        if kind == "global_avg_pool":
+            return x.mean(dim=(2, 3))
+        if kind == "flatten":
+            return x.flatten(1)
+        if kind == "dropout":
+            return F.dropout(x, op.arg("rate"), self.training)
+        if kind == "residual":
+            return self.module(op)(x)
+        return ACTIVATIONS[kind](x)
+
+    def module(self, op: Op) -> nn.Module:
+        group, index = (op.name or "").split(".")[-2:]
+        return getattr(self, group)[int(index)]
 
 
-class CNN(MLP):
-    """x float32 [B, H*W*C] -> [B, H, W, C] -> [B, C, H, W] (`image` = (H, W, C)) -> per
-    `channels`: 3x3 conv (padding 1),
-    [BatchNorm2d], ReLU, 2x2 max pool -> flattened (C, H, W) -> the MLP head -> logits [B, classes].
+class Residual(LayerModel):
+    """A residual block: its layers' output plus its input (through `projection` when the widths differ)."""
 
-    Conv weights are `convs.i.weight` [out, in, 3, 3] (OIHW), the head's `layers.i.*` as in MLP.
-    """
-
-    def __init__(
-        self,
-        image: tuple[int, int, int],
-        channels: Sequence[int],
-        hidden_sizes: Sequence[int],
-        num_classes: int,
-        dropout: float = 0.0,
-        batch_norm: bool = False,
-    ) -> None:
-        height, width, in_channels = image
-        out_height, out_width = height >> len(channels), width >> len(channels)
-        super().__init__(channels[-1] * out_height * out_width, hidden_sizes, num_classes, dropout, batch_norm)
-        self.image = image
-        c_in = [in_channels, *channels[:-1]]
-        self.convs = nn.ModuleList(
-            nn.Conv2d(i, o, CONV_KERNEL, padding=CONV_KERNEL // 2) for i, o in zip(c_in, channels)
-        )
-        if batch_norm:
-            self.conv_norms = nn.ModuleList(
-                nn.BatchNorm2d(c, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM) for c in channels
-            )
+    def __init__(self, op: Op, input_shape: tuple[int, ...]) -> None:
+        super().__init__(op.body, input_shape)
+        self.image = op.out_state == "image"
+        if op.projection is not None:
+            c_in, c_out = op.in_shape[-1] if self.image else math.prod(op.in_shape), op.out_shape[-1]
+            self.projection = nn.Conv2d(c_in, c_out, 1) if self.image else nn.Linear(c_in, c_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Examples are flat in (row, column, channel) order; convolutions want (channel, row, column),
-        # laid out as such: a permuted view of one channel would pass for channels-last, and
-        # PyTorch would pick other conv kernels for it (other rounding than before colour images).
-        height, width, channels = self.image
-        if channels == 1:
-            x = x.reshape(len(x), 1, height, width)
-        else:
-            x = x.reshape(len(x), height, width, channels).permute(0, 3, 1, 2).contiguous()
-        for i, conv in enumerate(self.convs):
-            x = conv(x)
-            if hasattr(self, "conv_norms"):
-                x = self.conv_norms[i](x)
-            x = F.max_pool2d(F.relu(x), 2)
-        return super().forward(x.flatten(1))
+        x = x if self.image else x.flatten(1)
+        out = super().forward(x)
+        return out + (self.projection(x) if hasattr(self, "projection") else x)
 
 
-def build(model: ModelSpec, input_shape: int | Sequence[int], num_classes: int) -> MLP:
+def _module(op: Op, input_shape: tuple[int, ...]) -> nn.Module:
+    """The module holding `op`'s parameters."""
+    params = dict(op.params)
+    weight = params.get(f"{op.name}.weight")
+    if op.kind == "dense":
+        assert weight is not None
+        return nn.Linear(weight[1], weight[0], bias=op.arg("use_bias"))
+    if op.kind == "conv2d":
+        assert weight is not None
+        k = op.arg("kernel_size")
+        padding: int | str = 0 if op.arg("padding") == "valid" else (k // 2 if k % 2 else "same")
+        return nn.Conv2d(weight[1], weight[0], k, stride=op.arg("strides"), padding=padding, bias=op.arg("use_bias"))
+    if op.kind == "batch_norm":
+        features = params[f"{op.name}.weight"][0]
+        norm = nn.BatchNorm2d if op.out_state == "image" else nn.BatchNorm1d
+        return norm(features, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM)
+    if op.kind == "layer_norm":
+        return nn.LayerNorm(params[f"{op.name}.weight"][0], eps=BATCH_NORM_EPS)
+    return Residual(op, input_shape)
+
+
+def _as_image(x: torch.Tensor, input_shape: tuple[int, ...]) -> torch.Tensor:
+    """The flat input as NCHW images. One channel: a plain reshape (a permuted view would pass for
+    channels-last, and PyTorch would pick other conv kernels, with other rounding)."""
+    height, width, channels = image_shape(input_shape)
+    if channels == 1:
+        return x.reshape(len(x), 1, height, width)
+    return x.reshape(len(x), height, width, channels).permute(0, 3, 1, 2).contiguous()
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+}
+
+
+def build(model: ModelSpec, input_shape: int | Sequence[int], num_classes: int) -> LayerModel:
     """The nn.Module `model` describes with `num_classes` outputs (1 for regression), for flat
     inputs of `input_shape` ([D] or a feature count; a cnn: [H, W, C], see common.image_shape)."""
-    if model.name == "cnn":
-        return CNN(
-            image_shape(input_shape), model.channels, model.hidden_sizes, num_classes, model.dropout, model.batch_norm
-        )
-    features = input_shape if isinstance(input_shape, int) else math.prod(input_shape)
-    return MLP(features, model.hidden_sizes, num_classes, model.dropout, model.batch_norm)
+    model_plan = plan_for(layers_of(model, num_classes), input_shape, num_classes)
+    return LayerModel(model_plan.ops, model_plan.input_shape)
 
 
-def from_weights(weights: Weights, dropout: float = 0.0, input_shape: int | Sequence[int] | None = None) -> MLP:
+def from_weights(
+    weights: Weights,
+    dropout: float = 0.0,
+    input_shape: int | Sequence[int] | None = None,
+    layers: Sequence[Layer] | None = None,
+) -> LayerModel:
     """The model stored in `weights` (PyTorch names, numpy arrays), holding them, on the CPU.
 
-    A cnn's input shape is not in its weights: `input_shape` ([H, W, C], the job's spec.json, or a
-    feature count read as a square one-channel image; default 784, a 28x28 image) says it.
+    A model given by its `layers` (a job's spec.json `model.layers`) is built from them; without,
+    the weights' names and shapes say which preset (mlp or cnn) it is. An image model's input
+    shape is not in its weights: `input_shape` ([H, W, C], the job's dataset, or a feature count
+    read as a square one-channel image; default 784, a 28x28 image) says it.
     """
-    info = describe(weights)
-    spec = ModelSpec.model_construct(
-        name=info["name"],
-        hidden_sizes=info["hidden_sizes"],
-        dropout=dropout,
-        channels=info["channels"] or [1],
-        batch_norm=info["batch_norm"],
-    )
-    model = build(spec, info["in_features"] or input_shape or 784, info["num_classes"])
+    if layers is None:
+        info = describe(weights)
+        spec = ModelSpec.model_construct(
+            name=info["name"],
+            hidden_sizes=info["hidden_sizes"],
+            dropout=dropout,
+            channels=info["channels"] or [1],
+            batch_norm=info["batch_norm"],
+        )
+        model = build(spec, info["in_features"] or input_shape or 784, info["num_classes"])
+    else:
+        model_plan = plan_for(list(layers), input_shape or 784, output_width(weights))
+        model = LayerModel(model_plan.ops, model_plan.input_shape)
     tensors = {name: torch.tensor(np.asarray(value)) for name, value in weights.items()}
     # BatchNorm's num_batches_tracked counts steps only for momentum=None, which is not used here;
     # weights.safetensors leaves it out, so it keeps its fresh value.
@@ -144,13 +189,18 @@ def weights_from_state_dict(model: nn.Module) -> Weights:
     }
 
 
-def load_weights(path: Path, dropout: float = 0.0, input_shape: int | Sequence[int] | None = None) -> MLP:
-    """An MLP (on the CPU, in eval mode) from a weights.safetensors file written by either trainer;
-    a cnn's images are `input_shape` (see from_weights).
+def load_weights(
+    path: Path,
+    dropout: float = 0.0,
+    input_shape: int | Sequence[int] | None = None,
+    layers: Sequence[Layer] | None = None,
+) -> LayerModel:
+    """The model (on the CPU, in eval mode) from a weights.safetensors file written by either
+    trainer; its `layers` and `input_shape` as from_weights takes them.
 
-    The architecture is read from the tensor shapes. Raises ValueError for other tensor names.
+    A preset's architecture is read from the tensor shapes. Raises ValueError for other tensor names.
     """
-    return from_weights(read_weights(path), dropout, input_shape).eval()
+    return from_weights(read_weights(path), dropout, input_shape, layers).eval()
 
 
 def task_loss(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from trainers import jax_models, torch_models
 from trainers.common import init_params
 from trainers.data import load_dataset
-from trainers.spec import DatasetSpec
+from trainers.spec import DatasetSpec, ModelSpec
 
 
 def test_both_models_hold_the_initial_weights_unchanged():
@@ -24,7 +24,7 @@ def test_both_models_hold_the_initial_weights_unchanged():
 def test_both_models_compute_the_same_logits():
     digits = load_dataset(DatasetSpec(name="digits"))
     weights = init_params(64, [256, 128], 10, seed=0)
-    jax_model = jax_models.MLP((256, 128), 10)
+    jax_model = jax_models.build(ModelSpec(hidden_sizes=[256, 128]), 10)
 
     jax_logits = jax_model.apply({"params": jax_models.params_from_weights(weights)}, digits.x_test)
     with torch.no_grad():

@@ -3,7 +3,9 @@ artifacts, and a comparison (its status, side-by-side table and parity), built o
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import statistics
 
 from sqlalchemy.orm import Session
@@ -15,7 +17,7 @@ from app.models import Artifact, Comparison, EpochMetric, Job, aware, utcnow
 from app.schemas import Comparison as ComparisonOut
 from app.schemas import Job as JobOut
 from trainers.base import METRIC_FIELDS
-from trainers.spec import ComparisonSpec, parameter_count
+from trainers.spec import ComparisonSpec, JobSpec, model_plan, parameter_count
 
 # The side-by-side table's rows. Times in seconds; samples_per_s is the median over the epochs
 # after the first, like steady_epoch_s.
@@ -97,8 +99,20 @@ def job(
             if started
             else [],
             "worker": job_worker(row.worker, admin),
+            "model": model_summary(json.dumps(row.spec, sort_keys=True)),
         }
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def model_summary(spec_json: str) -> dict[str, int] | None:
+    """{"parameters", "flops_per_example"} of a stored spec's model (cached by the spec: many jobs
+    share one, and a list renders each); None for a spec that no longer validates."""
+    try:
+        walked = model_plan(JobSpec.model_validate_json(spec_json))
+    except ValueError:
+        return None
+    return {"parameters": walked.parameters, "flops_per_example": walked.flops}
 
 
 def metric(row: EpochMetric) -> dict:

@@ -63,6 +63,14 @@ class JobError(BaseModel):
     message: str
 
 
+class ModelSummary(BaseModel):
+    """What the spec's model is for its dataset: trainable parameters and forward FLOPs per example
+    (2 x multiply-adds of dense and conv layers, one per value for the others)."""
+
+    parameters: int
+    flops_per_example: int
+
+
 class Job(BaseModel):
     """A job as stored: its spec, state, timings (seconds), metrics and artifacts."""
 
@@ -86,6 +94,7 @@ class Job(BaseModel):
     error: JobError | None
     artifacts: list[ArtifactInfo]
     worker: dict | None
+    model: ModelSummary | None = None
 
 
 class JobPage(BaseModel):

@@ -167,6 +167,7 @@ class Op:
     flops: int
     body: tuple[Op, ...] = ()
     projection: str | None = None
+    reshapes_input: bool = False  # it reads the model's (flat) input as the dataset's image first
 
     def arg(self, name: str) -> Any:
         return dict(self.args)[name]
@@ -176,13 +177,6 @@ class Op:
         """The name within its residual (or the model): `convs_1` for `residuals.0.convs.1`."""
         group, index = (self.name or "").split(".")[-2:]
         return f"{group}_{index}"
-
-    @property
-    def reshapes_input(self) -> bool:
-        """Whether the layer first reads the model's (flat) input as the dataset's image."""
-        return self.in_state == "input" and (
-            self.kind in SPATIAL or (self.kind == "residual" and self.out_state == "image")
-        )
 
 
 @dataclass(frozen=True)
@@ -293,7 +287,17 @@ def _op(
     args = tuple(sorted(layer.model_dump(exclude={"type", "layers"}).items()))
 
     def make(*, params: Mapping[str, tuple[int, ...]], **kw: Any) -> Op:
-        return Op(kind=kind, args=args, where=where, in_state=state, in_shape=shape, params=tuple(params.items()), **kw)
+        image_out = kw["out_state"] == "image"
+        return Op(
+            kind=kind,
+            args=args,
+            where=where,
+            in_state=state,
+            in_shape=shape,
+            params=tuple(params.items()),
+            reshapes_input=state == "input" and (image_out or kind in SPATIAL),
+            **kw,
+        )
 
     if isinstance(layer, DenseLayer):
         if state == "image":
@@ -331,17 +335,19 @@ def _op(
     if isinstance(layer, FlattenLayer):
         return make(name=None, out_state="flat", out_shape=(flat,), params={}, flops=0)
     if isinstance(layer, BatchNormLayer | LayerNormLayer):
-        features = shape[-1] if state == "image" else flat
+        # On an image (or an image dataset's input): per channel; else per feature.
+        image = state == "image" or (state == "input" and len(shape) == 3)
+        features = shape[-1] if image else flat
         is_batch = isinstance(layer, BatchNormLayer)
-        group = ("conv_norms" if state == "image" else "norms") if is_batch else "layer_norms"
+        group = ("conv_norms" if image else "norms") if is_batch else "layer_norms"
         name = f"{prefix}{group}.{counters.next(group)}"
         kinds = ("weight", "bias", "running_mean", "running_var") if is_batch else ("weight", "bias")
-        out_state: State = "image" if state == "image" else "flat"
-        out_shape = shape if state == "image" else (flat,)
+        out_state: State = "image" if image else "flat"
+        out_shape = shape if image else (flat,)
         params = {f"{name}.{kind}": (features,) for kind in kinds}
         return make(name=name, out_state=out_state, out_shape=out_shape, params=params, flops=4 * flat)
     if isinstance(layer, DropoutLayer | ActivationLayer):
-        return make(name=None, out_state=state, out_shape=shape, params={}, flops=flat)
+        return Op(kind, args, where, None, state, shape, state, shape, (), flat)
     if isinstance(layer, ResidualLayer):
         return _residual(layer, where, label, state, shape, prefix, counters, depth)
     raise LayerError(f"{label}: unknown layer")
@@ -369,8 +375,15 @@ def _residual(
     if depth >= MAX_DEPTH:
         raise LayerError(f"{label}: residuals nest at most {MAX_DEPTH} deep")
     name = f"{prefix}residuals.{counters.next('residuals')}"
-    spatial = any(getattr(inner, "type", "") in SPATIAL for inner in layer.layers)
-    in_state: State = "image" if state == "image" or (state == "input" and spatial) else "flat"
+    reads_image = next(
+        (
+            inner.type in (*SPATIAL, "batch_norm", "layer_norm", "residual")
+            for inner in layer.layers
+            if inner.type not in (*ACTIVATIONS, "dropout")
+        ),
+        False,
+    )
+    in_state: State = "image" if state == "image" or (state == "input" and reads_image and len(shape) == 3) else "flat"
     in_shape = shape if in_state == "image" else (math.prod(shape),)
     body, out_state, out_shape = _walk(layer.layers, in_state, in_shape, f"{name}.", f"{where}.", depth + 1)
     if out_state != in_state or out_shape[:-1] != in_shape[:-1]:
@@ -399,4 +412,5 @@ def _residual(
         flops=flops + sum(op.flops for op in body) + math.prod(out_shape),
         body=body,
         projection=projection,
+        reshapes_input=state == "input" and in_state == "image",
     )

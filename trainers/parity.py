@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from trainers.common import forward
+from trainers.layers import Layer
 
 FIRST_STEP_ATOL = 1e-5
 EPOCH_LOSS_RTOL = 0.02
@@ -34,11 +35,16 @@ PREDICTION_AGREEMENT = 0.95
 PREDICTION_RMS_TOLERANCE = 0.05
 
 
-def predict(weights: dict[str, np.ndarray], x: np.ndarray, input_shape: Sequence[int] | None = None) -> np.ndarray:
+def predict(
+    weights: dict[str, np.ndarray],
+    x: np.ndarray,
+    input_shape: Sequence[int] | None = None,
+    layers: Sequence[Layer] | None = None,
+) -> np.ndarray:
     """Class predictions [N] of the model in `weights` (PyTorch names: layers.i.weight [out, in],
-    convs.i.weight [out, in, 3, 3], ...) for flat inputs x [N, in_features] (a cnn's images are
-    `input_shape` [H, W, C])."""
-    return forward(weights, x, input_shape).argmax(axis=1)
+    convs.i.weight [out, in, k, k], ...; its `layers`, or the preset the names say) for flat
+    inputs x [N, in_features] (image layers read them as `input_shape` [H, W, C])."""
+    return forward(weights, x, input_shape, layers).argmax(axis=1)
 
 
 def check(
@@ -50,6 +56,7 @@ def check(
     y_test: np.ndarray | None = None,
     task: str = "classification",
     input_shape: Sequence[int] | None = None,
+    layers: Sequence[Layer] | None = None,
 ) -> dict:
     """Compare two runs. Each run is {"first_step_loss": float, "train_losses": [float per epoch],
     "weights": {name: array}}; `x_test` [N, D] as the models see it (y_test [N]: the regression
@@ -61,9 +68,13 @@ def check(
         rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(jax_run["train_losses"], torch_run["train_losses"])]
         checks.append(_check("epoch train loss", max(rel, default=0.0), EPOCH_LOSS_RTOL, "largest relative difference"))
     if task == "regression":
-        checks.append(_regression_agreement(jax_run["weights"], torch_run["weights"], x_test, y_test, input_shape))
+        checks.append(
+            _regression_agreement(jax_run["weights"], torch_run["weights"], x_test, y_test, input_shape, layers)
+        )
     else:
-        same = predict(jax_run["weights"], x_test, input_shape) == predict(torch_run["weights"], x_test, input_shape)
+        same = predict(jax_run["weights"], x_test, input_shape, layers) == predict(
+            torch_run["weights"], x_test, input_shape, layers
+        )
         agreement = float(np.mean(same))
         checks.append(
             {
@@ -88,10 +99,16 @@ def check(
 
 
 def _regression_agreement(
-    jax_weights: dict, torch_weights: dict, x: np.ndarray, y: np.ndarray | None, input_shape: Sequence[int] | None
+    jax_weights: dict,
+    torch_weights: dict,
+    x: np.ndarray,
+    y: np.ndarray | None,
+    input_shape: Sequence[int] | None,
+    layers: Sequence[Layer] | None,
 ) -> dict:
     """RMS difference of the two models' predictions over the test targets' standard deviation."""
-    difference = forward(jax_weights, x, input_shape)[:, 0] - forward(torch_weights, x, input_shape)[:, 0]
+    predictions = [forward(weights, x, input_shape, layers)[:, 0] for weights in (jax_weights, torch_weights)]
+    difference = predictions[0] - predictions[1]
     spread = float(np.std(y)) if y is not None and len(y) else 0.0
     value = float(np.sqrt(np.mean(difference.astype(np.float64) ** 2))) / (spread or 1.0)
     return _check(

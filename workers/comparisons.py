@@ -14,6 +14,7 @@ from app.models import Comparison, Job
 from app.status import JobStatus
 from trainers import parity
 from trainers.data import load_dataset
+from trainers.presets import layers_of
 from trainers.spec import ComparisonSpec
 from workers import dataset_cache
 
@@ -46,6 +47,7 @@ def settle(job_id: str) -> None:
         y_test=data.y_test,
         task=data.task,
         input_shape=data.input_shape,
+        layers=layers_of(spec.model, data.outputs),
     )
     with session_scope() as session:
         session.execute(update(Comparison).where(Comparison.id == comparison_id).values(parity=result))

@@ -1,0 +1,166 @@
+"""Layer lists, drawn at random (hypothesis): every valid list builds the same model in numpy, JAX
+and PyTorch from the same seed (the same outputs and the same first-step loss, to 1e-5), and every
+invalid one is refused naming the right layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import optax
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
+
+from trainers import jax_models, reference, torch_models
+from trainers.layers import Layer, LayerError, plan
+from trainers.spec import JobSpec
+
+LAYERS = TypeAdapter(list[Layer])
+OUTPUTS = 3
+BATCH = 6
+ACTS = ["relu", "gelu", "tanh", "sigmoid", "silu"]
+
+
+@st.composite
+def image_block(draw: st.DrawFn, size: list[int]) -> list[dict]:
+    """One spatial layer (or a residual of them) that fits an image of `size` = [H, W] (updated)."""
+    kind = draw(st.sampled_from(["conv_same", "conv_valid", "pool", "norm", "act", "residual"]))
+    if kind == "conv_same":
+        return [{"type": "conv2d", "filters": draw(st.integers(1, 4)), "kernel_size": draw(st.sampled_from([1, 3])),
+                 "use_bias": draw(st.booleans())}]
+    if kind == "conv_valid" and min(size) >= 3:
+        k, s = draw(st.sampled_from([2, 3])), draw(st.sampled_from([1, 2]))
+        size[:] = [(n - k) // s + 1 for n in size]
+        return [{"type": "conv2d", "filters": draw(st.integers(1, 4)), "kernel_size": k, "strides": s,
+                 "padding": "valid"}]
+    if kind == "pool" and min(size) >= 2:
+        size[:] = [n // 2 for n in size]
+        return [{"type": draw(st.sampled_from(["max_pool", "avg_pool"])), "window": 2}]
+    if kind == "norm":
+        return norm(draw, {"type": "conv2d", "filters": draw(st.integers(4, 6)), "kernel_size": 3})
+    if kind == "residual":
+        inner = [{"type": "conv2d", "filters": draw(st.integers(1, 4)), "kernel_size": 3},
+                 {"type": draw(st.sampled_from(["batch_norm", *ACTS]))}]
+        return [{"type": "residual", "layers": inner}]
+    return [{"type": draw(st.sampled_from(ACTS))}]
+
+
+def norm(draw: st.DrawFn, widening: dict) -> list[dict]:
+    """A batch norm, or a layer norm after a layer at least 4 wide: over fewer values, a layer
+    norm's variance is near 0 often enough to amplify float32 rounding past any tolerance (in
+    every library alike: it is the numbers, not the code)."""
+    if draw(st.booleans()):
+        return [{"type": "batch_norm"}]
+    return [widening, {"type": "layer_norm"}]
+
+
+@st.composite
+def dense_block(draw: st.DrawFn) -> list[dict]:
+    kind = draw(st.sampled_from(["dense", "norm", "act", "residual"]))
+    if kind == "dense":
+        return [{"type": "dense", "units": draw(st.integers(1, 8)), "use_bias": draw(st.booleans())}]
+    if kind == "norm":
+        return norm(draw, {"type": "dense", "units": draw(st.integers(4, 8))})
+    if kind == "residual":
+        return [{"type": "residual", "layers": [{"type": "dense", "units": draw(st.integers(1, 8))},
+                                                {"type": draw(st.sampled_from(ACTS))}]}]
+    return [{"type": draw(st.sampled_from(ACTS))}]
+
+
+@st.composite
+def models(draw: st.DrawFn) -> tuple[list[dict], tuple[int, ...]]:
+    """(a valid layer list ending in OUTPUTS units, the input shape it is for)."""
+    layers: list[dict] = []
+    if draw(st.booleans()):
+        size = [draw(st.integers(4, 8)), draw(st.integers(4, 8))]
+        shape: tuple[int, ...] = (*size, draw(st.integers(1, 3)))
+        for _ in range(draw(st.integers(1, 4))):
+            layers += draw(image_block(size))
+        layers.append({"type": draw(st.sampled_from(["flatten", "global_avg_pool"]))})
+    else:
+        shape = (draw(st.integers(2, 10)),)
+    for _ in range(draw(st.integers(0, 3))):
+        layers += draw(dense_block())
+    return [*layers, {"type": "dense", "units": OUTPUTS}], shape
+
+
+def build_all(layers: list[dict], shape: tuple[int, ...], seed: int = 0) -> tuple:
+    walked = plan(LAYERS.validate_python(layers), shape, OUTPUTS)
+    weights = reference.init(walked, seed)
+    torch_model = torch_models.LayerModel(walked.ops, walked.input_shape)
+    torch_model.load_state_dict({k: torch.tensor(v) for k, v in weights.items()}, strict=False)
+    jax_model = jax_models.LayerModel(walked.ops, walked.input_shape, conv_as_matmul=True)
+    variables = jax_models.variables_from_weights(weights)
+    return walked, weights, torch_model, jax_model, variables
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(models(), st.integers(0, 2**31 - 1))
+def test_a_valid_list_is_the_same_model_in_numpy_jax_and_pytorch(model, seed):
+    layers, shape = model
+    walked, weights, torch_model, jax_model, variables = build_all(layers, shape, seed % 1000)
+    x = np.random.default_rng(seed).standard_normal((BATCH, int(np.prod(shape))), dtype=np.float32)
+    y = np.arange(BATCH) % OUTPUTS
+    # Eval mode: the outputs agree.
+    expected = reference.forward(walked, weights, x)
+    with torch.no_grad():
+        torch_out = torch_model.eval()(torch.tensor(x)).numpy()
+    jax_out = np.asarray(jax_model.apply(variables, x, train=False))
+    # To 1e-5 of the outputs' scale: float32 rounding, summed in other orders by each library.
+    tolerance = 1e-5 * max(1.0, float(np.abs(expected).max()))
+    assert np.abs(torch_out - expected).max() <= tolerance
+    assert np.abs(jax_out - expected).max() <= tolerance
+    # Train mode (batch statistics): the first step's loss agrees.
+    torch_loss = F.cross_entropy(torch_model.train()(torch.tensor(x)), torch.tensor(y)).item()
+    logits, _ = jax_model.apply(variables, x, train=True, mutable=["batch_stats"], rngs={"dropout": np.zeros(2, np.uint32)})
+    jax_loss = float(optax.softmax_cross_entropy_with_integer_labels(logits, y).mean())
+    assert abs(torch_loss - jax_loss) <= 1e-5 * max(1.0, abs(torch_loss))
+    # The weights survive a round trip through either framework's layout.
+    back = jax_models.weights_from_params(variables["params"], variables.get("batch_stats"), list(weights))
+    assert list(back) == list(weights) and all(np.array_equal(back[k], weights[k]) for k in weights)
+
+
+INVALID = [
+    ([{"type": "flatten"}, {"type": "conv2d", "filters": 2}, {"type": "dense", "units": 10}], "model.layers[1] (conv2d)",
+     "needs an image"),
+    ([{"type": "max_pool", "window": 4}, {"type": "max_pool", "window": 8}, {"type": "flatten"},
+      {"type": "dense", "units": 10}], "model.layers[1] (max_pool)", "larger than the 7x7 image"),
+    ([{"type": "conv2d", "filters": 2}, {"type": "dense", "units": 10}], "model.layers[1] (dense)",
+     "needs a flat input"),
+    ([{"type": "residual", "layers": [{"type": "max_pool"}]}, {"type": "flatten"}, {"type": "dense", "units": 10}],
+     "model.layers[0] (residual)", "keep its input's size"),
+    ([{"type": "residual", "layers": [{"type": "relu"}, {"type": "conv2d", "filters": 2, "kernel_size": 3,
+                                                         "strides": 2}]}, {"type": "flatten"},
+      {"type": "dense", "units": 10}], "model.layers[0].layers[1] (conv2d)", "strides 1"),
+    ([{"type": "flatten"}, {"type": "dense", "units": 7}], "model.layers", "needs 10"),
+]
+
+
+@pytest.mark.parametrize(("layers", "named", "why"), INVALID)
+def test_an_invalid_list_is_refused_naming_its_layer(layers, named, why):
+    with pytest.raises(ValidationError) as refused:
+        JobSpec(framework="jax", model={"layers": layers})
+    message = str(refused.value)
+    assert named in message and why in message, message
+
+
+def test_unknown_types_and_fields_are_refused_with_the_layers_index():
+    for layers, where in (([{"type": "dense", "units": 4}, {"type": "lstm"}], "model.layers.1"),
+                          ([{"type": "dense", "units": 10, "activation": "relu"}], "model.layers.0.dense"),
+                          ([{"type": "dense", "units": 0}], "model.layers.0.dense.units")):
+        with pytest.raises(ValidationError) as refused:
+            JobSpec(framework="jax", model={"layers": layers})
+        assert where in str(refused.value), str(refused.value)
+
+
+@given(models())
+@settings(max_examples=20, deadline=None)
+def test_a_pool_or_conv_that_outgrows_the_image_is_refused(model):
+    layers, shape = model
+    if len(shape) != 3:
+        return
+    bad = [{"type": "max_pool", "window": max(shape[:2]) + 1}, *layers]
+    with pytest.raises(LayerError, match=r"model\.layers\[0\] \(max_pool\)"):
+        plan(LAYERS.validate_python(bad), shape, OUTPUTS)

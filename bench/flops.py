@@ -1,12 +1,15 @@
 """FLOPs of one training epoch of the bench's models, and the floor they give at a matmul rate.
 
-The convention is the issue's: 6 x multiply-adds x samples per epoch (2 for the forward pass,
-4 for the backward: the gradients of each layer's weights and of its inputs).
+The MLP and CNN follow issue 3's convention: 6 x multiply-adds x samples per epoch (2 for the
+forward pass, 4 for the backward: the gradients of each layer's weights and of its inputs).
+Other models (resnet8) take their forward FLOPs from the model itself (`trainers.spec.model_plan`:
+2 x multiply-adds of dense and conv layers, one per value for the others) and count a training
+step as 3 x that: the same 6 x multiply-adds for dense and conv layers.
 """
 
 from __future__ import annotations
 
-from trainers.spec import CONV_KERNEL
+from trainers.spec import CONV_KERNEL, TrainingSpec, model_plan
 
 # The seeds' MLP: 784-256-128-10.
 MLP_LAYERS = [784, 256, 128, 10]
@@ -43,6 +46,18 @@ def cnn_flops_per_epoch(samples: int) -> dict:
     """FLOPs of one epoch of the bench's CNN, 6 x MACs x samples (pooling and ReLU not counted)."""
     macs = cnn_macs_per_sample()
     return {"macs_per_sample": macs, "samples": samples, "flops": 6 * macs * samples}
+
+
+# A training step costs the forward pass and a backward of about twice its FLOPs.
+TRAIN_STEP_FACTOR = 3
+
+
+def model_flops_per_epoch(spec: TrainingSpec, samples: int) -> dict:
+    """FLOPs of one epoch of `samples` examples of the model `spec` trains (a TrainingSpec):
+    TRAIN_STEP_FACTOR x its forward FLOPs per example (`trainers.spec.model_plan`) x samples."""
+    plan = model_plan(spec)
+    return {"forward_flops_per_example": plan.flops, "parameters": plan.parameters, "samples": samples,
+            "flops": TRAIN_STEP_FACTOR * plan.flops * samples}
 
 
 def floor_s(flops: float, gflops: float) -> float:

@@ -18,6 +18,9 @@ Loops:
   the PyTorch side, as in the PyTorch seed; torch_compile adds "compile": true);
 - jax_cnn, torch_cnn: both trainers on the small CNN (conv 32, conv 64, dense 128; Adam 1e-3,
   batch 128, no dropout), the same spec in both;
+- jax_resnet8, torch_resnet8: both trainers on the resnet8 preset (`{"name": "resnet8"}`: a
+  16-channel conv with batch norm, three residual blocks at 16/32/64 channels with max pools
+  between, global average pool, dense; Adam 1e-3, batch 128), the same spec in both;
 - matmul: the fp32 matmul rate of both frameworks (GFLOP/s), the machine's limit for the floor.
 """
 
@@ -34,10 +37,19 @@ from pathlib import Path
 
 import numpy as np
 
-# The loops issue 3 compares; the CNN ones run apart, on a slice of the data (bench.__main__.measure_cnn).
+# The loops issue 3 compares; the CNN and resnet8 ones run apart, each on a slice of the data
+# (bench.__main__.measure_model).
 ISSUE_LOOPS = ("jax_seed", "jax_trainer", "torch_seed", "torch_seed_tensor", "torch_trainer", "torch_compile")
 CNN_LOOPS = ("jax_cnn", "torch_cnn")
-LOOPS = ISSUE_LOOPS + CNN_LOOPS
+RESNET_LOOPS = ("jax_resnet8", "torch_resnet8")
+LOOPS = ISSUE_LOOPS + CNN_LOOPS + RESNET_LOOPS
+# The model each of the side-by-side loops trains (both frameworks the same spec).
+MODEL_OF = {
+    "jax_cnn": {"name": "cnn", "channels": [32, 64], "hidden_sizes": [128]},
+    "torch_cnn": {"name": "cnn", "channels": [32, 64], "hidden_sizes": [128]},
+    "jax_resnet8": {"name": "resnet8"},
+    "torch_resnet8": {"name": "resnet8"},
+}
 RESULT_PREFIX = "BENCH_RESULT "
 
 
@@ -75,11 +87,11 @@ def trainer_spec(name: str, epochs: int, dataset: str, train_limit: int | None, 
     from trainers import JobSpec
 
     framework = "jax" if name.startswith("jax") else "pytorch"
-    if name in ("jax_cnn", "torch_cnn"):
+    if name in MODEL_OF:
         return JobSpec(
             framework=framework,
             dataset={"name": dataset, "train_limit": train_limit, "test_limit": test_limit},
-            model={"name": "cnn", "channels": [32, 64], "hidden_sizes": [128]},
+            model=MODEL_OF[name],
             batch_size=128,
             epochs=epochs,
             seed=0,

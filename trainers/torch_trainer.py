@@ -35,6 +35,7 @@ from trainers.common import (
     write_common_artifacts,
 )
 from trainers.data import load_dataset
+from trainers.presets import layers_of
 from trainers.spec import JobSpec, OptimizerSpec
 from trainers.torch_models import (
     evaluate,
@@ -203,7 +204,8 @@ def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run
     data = load_dataset(spec.dataset, options.data_dir, options.dataset_file)
     # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
     weights = init_weights(spec.model, data.input_shape, data.outputs, spec.seed)
-    model = world.prepare(from_weights(weights, spec.model.dropout, data.input_shape).to(device))
+    layers = layers_of(spec.model, data.outputs)
+    model = world.prepare(from_weights(weights, input_shape=data.input_shape, layers=layers).to(device))
     steps = len(data.x_train) // spec.batch_size
     optimizer, scheduler = make_optimizer(spec, model, device, steps)
     return Run(

@@ -164,3 +164,29 @@ def test_a_pool_or_conv_that_outgrows_the_image_is_refused(model):
     bad = [{"type": "max_pool", "window": max(shape[:2]) + 1}, *layers]
     with pytest.raises(LayerError, match=r"model\.layers\[0\] \(max_pool\)"):
         plan(LAYERS.validate_python(bad), shape, OUTPUTS)
+
+
+def test_a_trained_list_loads_outside_trainhub_in_both_frameworks(tmp_path):
+    """trainers.models.load: the job's spec.json and weights give its reported accuracy, in either framework."""
+    import json
+
+    from trainers import fit
+    from trainers.data import load_dataset
+    from trainers.models import load
+
+    layers = [{"type": "conv2d", "filters": 4, "kernel_size": 3}, {"type": "batch_norm"}, {"type": "gelu"},
+              {"type": "residual", "layers": [{"type": "conv2d", "filters": 6, "kernel_size": 3}, {"type": "relu"}]},
+              {"type": "avg_pool", "window": 2}, {"type": "flatten"}, {"type": "dropout", "rate": 0.1},
+              {"type": "dense", "units": 16}, {"type": "layer_norm"}, {"type": "silu"}, {"type": "dense", "units": 10}]
+    spec = JobSpec(framework="jax", model={"layers": layers}, dataset={"name": "digits"}, epochs=2, batch_size=32)
+    result = fit(spec, tmp_path, lambda epoch, metrics: None)
+    data = load_dataset(spec.dataset)
+    spec_json = json.loads((tmp_path / "spec.json").read_text())
+    torch_model = load(tmp_path / "weights.safetensors", spec_json, framework="pytorch")
+    module, variables = load(tmp_path / "weights.safetensors", tmp_path / "spec.json", framework="jax")
+    with torch.no_grad():
+        torch_logits = torch_model(torch.from_numpy(data.x_test.copy())).numpy()
+    jax_logits = np.asarray(module.apply(variables, data.x_test))
+    assert np.abs(torch_logits - jax_logits).max() < 1e-4
+    accuracy = float(np.mean(jax_logits.argmax(axis=1) == data.y_test))
+    assert accuracy == pytest.approx(result.result["test_accuracy"], abs=1 / len(data.y_test))

@@ -12,7 +12,8 @@ One run measures, on the same data and machine, in turns:
    directly with `trainers.fit`;
 3. cost against size: the trainers on synthetic data of N and 4N samples;
 4. the CNN rows: both trainers on the same small CNN (conv 32, conv 64, dense 128) on a slice
-   of the data, against the CNN's own floor (its FLOPs at the matmul rate);
+   of the data, against the CNN's own floor (its FLOPs at the matmul rate); then the resnet8
+   rows, the same for the resnet8 preset (its floor from its own FLOPs, `trainers.spec.model_plan`);
 5. the service: uvicorn and a cpu worker over PostgreSQL and Redis; identical jobs run cold
    then warm (submit-to-succeeded minus the job's setup_s + train_s; the JAX compilation
    cache), then consecutive jobs while the worker's resident memory is read;
@@ -48,7 +49,7 @@ from pathlib import Path
 from bench import flops as flops_model
 from bench import report
 from bench.procs import die_with_parent
-from bench.loops import CNN_LOOPS, ISSUE_LOOPS, RESULT_PREFIX, steady
+from bench.loops import CNN_LOOPS, ISSUE_LOOPS, RESNET_LOOPS, RESULT_PREFIX, steady, trainer_spec
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -87,6 +88,13 @@ class Config:
     cnn_epochs: int = 3
     cnn_train_limit: int | None = 12800
     cnn_rounds: int = 1
+    # The resnet8 rows, the same way: ~2.5 s (PyTorch) and ~7 s (JAX) an epoch of 4096 samples on
+    # 2 cores; two rounds, the order reversed in the second, as the two are held against each other.
+    # The test split is cut too: evaluation is not in the epoch's time, only in the run's.
+    resnet_epochs: int = 3
+    resnet_train_limit: int | None = 4096
+    resnet_test_limit: int | None = 2000
+    resnet_rounds: int = 2
     # Uploads: a body in no format streamed through the API (and cp of it, alternating, best of
     # the rounds), a valid CSV end to end, and jobs on it with the dataset cache cold then warm.
     upload_stream_bytes: int = 1024**3
@@ -101,7 +109,8 @@ class Config:
         return cls(epochs=2, rounds=1, train_limit=1280, test_limit=500, linear_n=1024, linear_epochs=2,
                    linear_rounds=1, service_epochs=1, service_train_limit=1280, rss_jobs=3, rss_train_limit=1280,
                    api_post_s=1.0, api_get_s=1.0, api_get_rate=50.0, api_concurrency=4,
-                   matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, upload_stream_bytes=64 * 1024**2,
+                   matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, resnet_epochs=2, resnet_train_limit=256,
+                   resnet_test_limit=256, resnet_rounds=1, upload_stream_bytes=64 * 1024**2,
                    upload_rounds=1, upload_csv_bytes=2 * 10**6, dataset_train_limit=1024, one_process=True)
 
 
@@ -189,23 +198,51 @@ def measure_loops(config: Config, env: dict[str, str], done: dict[str, dict] | N
     return {name: summarize_loop(rounds) for name, rounds in by_loop.items()}
 
 
-def measure_cnn(config: Config, env: dict[str, str]) -> dict:
-    """Both trainers on the CNN, `config.cnn_rounds` processes each; their figures as measure_loops'."""
-    args = ["--epochs", str(config.cnn_epochs), "--dataset", config.dataset]
-    if config.cnn_train_limit:
-        args += ["--train-limit", str(config.cnn_train_limit)]
-    if config.test_limit:
-        args += ["--test-limit", str(config.test_limit)]
-    by_loop: dict[str, list[dict]] = {name: [] for name in CNN_LOOPS}
-    for r in range(config.cnn_rounds):
-        for name in (CNN_LOOPS if r % 2 == 0 else CNN_LOOPS[::-1]):
-            log(f"cnn {r + 1}/{config.cnn_rounds}: {name} ({config.cnn_epochs} epochs, {config.cnn_train_limit} samples)")
+def measure_model(config: Config, env: dict[str, str], kind: str, loops: tuple[str, ...], epochs: int,
+                  train_limit: int | None, test_limit: int | None, rounds: int) -> dict:
+    """Side-by-side loops on one model (`kind` names it in the log), `rounds` processes each, the
+    order reversed every other round; their figures as measure_loops'."""
+    args = ["--epochs", str(epochs), "--dataset", config.dataset]
+    if train_limit:
+        args += ["--train-limit", str(train_limit)]
+    if test_limit:
+        args += ["--test-limit", str(test_limit)]
+    by_loop: dict[str, list[dict]] = {name: [] for name in loops}
+    for r in range(rounds):
+        for name in (loops if r % 2 == 0 else loops[::-1]):
+            log(f"{kind} {r + 1}/{rounds}: {name} ({epochs} epochs, {train_limit} samples)")
             result = run_loops([name], args, env)[name]
             by_loop[name].append(result)
             log(f"  epochs {[round(t, 3) for t in result['epoch_times']]}, accuracy {result['test_accuracy'][-1]:.4f}")
-    return {"model": "conv 32, conv 64, dense 128", "epochs": config.cnn_epochs,
-            "samples": by_loop[CNN_LOOPS[0]][0]["samples"],
-            "loops": {name: summarize_loop(rounds) for name, rounds in by_loop.items()}}
+    return {"epochs": epochs, "samples": by_loop[loops[0]][0]["samples"], "rounds": rounds,
+            "loops": {name: summarize_loop(runs) for name, runs in by_loop.items()}}
+
+
+def measure_cnn(config: Config, env: dict[str, str]) -> dict:
+    """Both trainers on the CNN, `config.cnn_rounds` processes each."""
+    return {"model": "conv 32, conv 64, dense 128",
+            **measure_model(config, env, "cnn", CNN_LOOPS, config.cnn_epochs, config.cnn_train_limit,
+                            config.test_limit, config.cnn_rounds)}
+
+
+def measure_resnet(config: Config, env: dict[str, str]) -> dict:
+    """Both trainers on the resnet8 preset, `config.resnet_rounds` processes each; the JAX/PyTorch
+    ratio of their steady epochs."""
+    out = {"model": "resnet8",
+           **measure_model(config, env, "resnet8", RESNET_LOOPS, config.resnet_epochs, config.resnet_train_limit,
+                           config.resnet_test_limit, config.resnet_rounds)}
+    jax_s, torch_s = (out["loops"][name]["steady_s"] for name in RESNET_LOOPS)
+    out["jax_over_pytorch"] = jax_s / torch_s
+    return out
+
+
+def resnet_floor(config: Config, resnet: dict, gflops: float) -> dict:
+    """The resnet8 floor: 3 x its forward FLOPs per example (model_plan) x the samples an epoch
+    trains, at the machine's matmul rate."""
+    spec = trainer_spec(RESNET_LOOPS[0], config.resnet_epochs, config.dataset, config.resnet_train_limit,
+                        config.resnet_test_limit)
+    flops = flops_model.model_flops_per_epoch(spec, resnet["samples"])
+    return {**flops, "floor_s": flops_model.floor_s(flops["flops"], gflops)}
 
 
 def measure_linearity(config: Config, env: dict[str, str], done: dict[str, dict] | None = None) -> dict:
@@ -413,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Redis for the service parts (env TRAINHUB_BENCH_REDIS_URL)")
     parser.add_argument("--skip-service", action="store_true", help="skip the service, uploads and API parts")
     parser.add_argument("--skip-cnn", action="store_true", help="skip the CNN rows (both trainers on the CNN)")
+    parser.add_argument("--skip-resnet", action="store_true",
+                        help="skip the resnet8 rows (both trainers on the resnet8 preset)")
     parser.add_argument("--only", choices=["api"], help="run one part alone: api (POST and GET load against the "
                                                         "service; results written only with --out)")
     parser.add_argument("--api-workers", type=int, help=f"uvicorn processes serving the API (default "
@@ -461,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             probes.append(probe("after the linearity runs"))
         if not args.skip_cnn:
             results["cnn"] = measure_cnn(config, env)
+        if not args.skip_resnet:
+            results["resnet8"] = measure_resnet(config, env)
         best = max(probes, key=lambda p: p["gflops"])
         samples = (config.train_limit or 60000) if config.dataset in ("fashion-mnist", "mnist") else config.train_limit
         flops = flops_model.mlp_flops_per_epoch(samples)
@@ -471,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
         if "cnn" in results:
             cnn_flops = flops_model.cnn_flops_per_epoch(results["cnn"]["samples"])
             results["cnn"]["floor"] = {**cnn_flops, "floor_s": flops_model.floor_s(cnn_flops["flops"], best["gflops"])}
+        if "resnet8" in results:
+            resnet = results["resnet8"]
+            resnet["floor"] = resnet_floor(config, resnet, best["gflops"])
+            for loop in resnet["loops"].values():
+                loop["vs_floor"] = loop["steady_s"] / resnet["floor"]["floor_s"]
 
         if args.skip_service:
             results["service"] = {"skipped": "--skip-service"}
@@ -514,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     cnn_lines = report.cnn_table(results)
     if cnn_lines:
         lines += [*cnn_lines, ""]
+    resnet_lines = report.resnet_table(results)
+    if resnet_lines:
+        lines += [*resnet_lines, ""]
     service_lines = report.service_table(results)
     if service_lines:
         lines += [*service_lines, ""]

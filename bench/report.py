@@ -30,6 +30,8 @@ LOOP_TITLES = {
     "torch_compile": "trainhub PyTorch trainer, compile",
 }
 CNN_TITLES = {"jax_cnn": "trainhub JAX trainer (flax, scan)", "torch_cnn": "trainhub PyTorch trainer, eager"}
+RESNET_TITLES = {"jax_resnet8": "trainhub JAX trainer (flax, scan)",
+                 "torch_resnet8": "trainhub PyTorch trainer, eager"}
 
 
 @dataclass
@@ -254,6 +256,30 @@ def cnn_table(results: dict) -> list[str]:
     for name, title in CNN_TITLES.items():
         if loop := loops.get(name):
             lines.append(_loop_row(title, loop, loop["steady_s"] / jax_s if jax_s else None, floor_s))
+    return lines
+
+
+def resnet_table(results: dict) -> list[str]:
+    """The resnet8 rows: both trainers on the resnet8 preset, each against the model's own floor
+    (3 x its forward FLOPs per example x samples, at the measured matmul rate), and each steady
+    epoch over PyTorch's (the JAX row's is the JAX/PyTorch ratio)."""
+    resnet = results.get("resnet8", {})
+    loops = resnet.get("loops", {})
+    if not loops:
+        return []
+    floor = resnet.get("floor", {})
+    floor_s = floor.get("floor_s")
+    torch_s = loops.get("torch_resnet8", {}).get("steady_s")
+    forward = floor.get("forward_flops_per_example")
+    lines = [f"resnet8 ({floor.get('parameters', 'n/a')} parameters), {resnet['samples']} samples, "
+             f"{resnet['epochs']} epochs x {resnet.get('rounds', 1)} round(s); JAX/PyTorch "
+             f"{_fmt(resnet.get('jax_over_pytorch'), 2)} x",
+             f"floor {_fmt(floor_s)} s/epoch: {_fmt(floor['flops'] / 1e9 if floor.get('flops') else None, 1)} GFLOP "
+             f"= 3 x {_fmt(forward / 1e6 if forward else None, 2)} MFLOP forward an example x {resnet['samples']}",
+             *_loop_header("resnet8 loop", "x torch")]
+    for name, title in RESNET_TITLES.items():
+        if loop := loops.get(name):
+            lines.append(_loop_row(title, loop, loop["steady_s"] / torch_s if torch_s else None, floor_s))
     return lines
 
 

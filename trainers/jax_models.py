@@ -66,33 +66,41 @@ class BatchNorm(nn.Module):
 
 
 class PatchConv(nn.Module):
-    """A 3x3 "SAME" convolution as one matmul over the 9 shifted copies of the input (im2col):
-    x [B, H, W, C] -> [B, H, W, 9C] @ kernel.reshape(9C, features) + bias -> [B, H, W, features].
+    """A 2-D convolution as one matmul over the k x k shifted (and strided) copies of the input
+    (im2col): x [B, H, W, C] -> [B, H', W', k*k*C] @ kernel.reshape(k*k*C, features) + bias.
 
-    The same function and parameters as nn.Conv (`kernel` [3, 3, C, features] HWIO, `bias`), for
-    XLA on the CPU, whose convolution gradients inside the epoch's lax.scan run as plain loops:
-    measured on 2 cores, batch 128, conv 32 -> conv 64, one train step took ~2 s with nn.Conv
-    and ~90 ms this way (PyTorch's eager step: ~60 ms). Its gradients are slices, pads and
-    matmuls, which XLA runs at the matmul rate."""
+    The same function and parameters as nn.Conv (`kernel` [k, k, C, features] HWIO, `bias`;
+    padding "SAME" (stride 1) or "VALID"), for XLA on the CPU, whose convolution gradients inside
+    the epoch's lax.scan run as plain loops: measured on 2 cores, batch 128, conv 32 -> conv 64,
+    one train step took ~2 s with nn.Conv and ~90 ms this way (PyTorch's eager step: ~60 ms).
+    Its gradients are slices, pads and matmuls, which XLA runs at the matmul rate."""
 
     features: int
+    kernel_size: int = CONV_KERNEL
+    strides: int = 1
+    padding: str = "SAME"
     use_bias: bool = True
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        height, width, channels = x.shape[1:]
-        kernel = self.param(
-            "kernel", nn.initializers.lecun_normal(), (CONV_KERNEL, CONV_KERNEL, channels, self.features)
-        )
-        pad = CONV_KERNEL // 2
-        padded = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+        k, s = self.kernel_size, self.strides
+        channels = x.shape[-1]
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (k, k, channels, self.features))
+        if self.padding == "SAME":
+            before = (k - 1) // 2
+            x = jnp.pad(x, ((0, 0), (before, k - 1 - before), (before, k - 1 - before), (0, 0)))
+        out_h, out_w = (x.shape[1] - k) // s + 1, (x.shape[2] - k) // s + 1
         # (row offset, column offset, channel) order: the order of kernel.reshape's rows.
         patches = jnp.concatenate(
-            [padded[:, i : i + height, j : j + width, :] for i in range(CONV_KERNEL) for j in range(CONV_KERNEL)],
+            [
+                x[:, i : i + s * (out_h - 1) + 1 : s, j : j + s * (out_w - 1) + 1 : s, :]
+                for i in range(k)
+                for j in range(k)
+            ],
             axis=-1,
         )
-        matrix = kernel.reshape(CONV_KERNEL * CONV_KERNEL * channels, self.features).astype(self.dtype)
+        matrix = kernel.reshape(k * k * channels, self.features).astype(self.dtype)
         out = patches.astype(self.dtype) @ matrix
         if not self.use_bias:
             return out
@@ -162,13 +170,11 @@ class LayerModel(nn.Module):
         return ACTIVATIONS[kind](x)
 
     def conv(self, op: Op) -> nn.Module:
-        filters, k = dict(op.params)[f"{op.name}.weight"][0], op.arg("kernel_size")
-        use_bias, same = op.arg("use_bias"), op.arg("padding") == "same"
-        if self.conv_as_matmul and k == 3 and same:
-            return PatchConv(filters, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
-        strides = (op.arg("strides"),) * 2
-        padding = "SAME" if same else "VALID"
-        return nn.Conv(filters, (k, k), strides, padding, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
+        filters, k, s = dict(op.params)[f"{op.name}.weight"][0], op.arg("kernel_size"), op.arg("strides")
+        use_bias, padding = op.arg("use_bias"), op.arg("padding").upper()
+        if self.conv_as_matmul:
+            return PatchConv(filters, k, s, padding, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
+        return nn.Conv(filters, (k, k), (s, s), padding, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
 
 
 class Residual(LayerModel):

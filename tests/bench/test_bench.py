@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 from bench import datasets, report
-from bench.__main__ import summarize_loop
-from bench.flops import cnn_macs_per_sample, mlp_flops_per_epoch
+from bench.__main__ import Config, summarize_loop
+from bench.flops import cnn_macs_per_sample, mlp_flops_per_epoch, model_flops_per_epoch
+from bench.loops import RESNET_LOOPS, trainer_spec
 from bench.service import check_reachable, ensure_database
 from tests.e2e.conftest import forget_unfinished_jobs
+from trainers.spec import flops_per_example, model_plan
 
 LOOPS = ["jax_seed", "jax_trainer", "torch_seed", "torch_seed_tensor", "torch_trainer", "torch_compile"]
 
@@ -70,6 +72,33 @@ def test_quick_run_measures_every_part(quick):
     assert cnn["loops"]["jax_cnn"]["compilations"] == 1
     assert all(len(loop["rounds"][0]["epoch_times"]) == results["config"]["cnn_epochs"] for loop in cnn["loops"].values())
     assert "trainhub JAX trainer (flax, scan)" in stdout and "x floor" in stdout
+
+
+@pytest.mark.e2e
+def test_quick_run_has_the_resnet8_rows(quick):
+    stdout, results = quick
+    config, resnet = results["config"], results["resnet8"]
+
+    # Both frameworks on the same resnet8 spec, the epochs and samples asked for.
+    assert resnet["model"] == "resnet8" and set(resnet["loops"]) == {"jax_resnet8", "torch_resnet8"}
+    assert resnet["samples"] == config["resnet_train_limit"] and resnet["epochs"] == config["resnet_epochs"]
+    for name, loop in resnet["loops"].items():
+        assert len(loop["rounds"]) == config["resnet_rounds"], name
+        assert len(loop["rounds"][0]["epoch_times"]) == config["resnet_epochs"], name
+        assert loop["steady_s"] > 0 and 0 < loop["test_accuracy"] <= 1, name
+        assert loop["vs_floor"] == pytest.approx(loop["steady_s"] / resnet["floor"]["floor_s"]), name
+        assert 0 < loop["vs_floor"] < float("inf"), name
+    assert resnet["loops"]["jax_resnet8"]["compilations"] == 1
+    # The floor: 3 x the model's own forward FLOPs (model_plan) x the samples, at the matmul rate.
+    floor = resnet["floor"]
+    spec = trainer_spec("jax_resnet8", config["resnet_epochs"], config["dataset"], config["resnet_train_limit"],
+                        config["resnet_test_limit"])
+    assert floor["flops"] == 3 * flops_per_example(spec) * resnet["samples"]
+    assert floor["floor_s"] == pytest.approx(floor["flops"] / (results["machine"]["matmul_gflops"] * 1e9))
+    assert resnet["jax_over_pytorch"] == pytest.approx(
+        resnet["loops"]["jax_resnet8"]["steady_s"] / resnet["loops"]["torch_resnet8"]["steady_s"])
+    assert resnet["jax_over_pytorch"] > 0
+    assert "resnet8 loop" in stdout and "JAX/PyTorch" in stdout
 
 
 @pytest.mark.e2e
@@ -250,6 +279,50 @@ def test_cnn_flops_count_each_conv_at_its_input_size():
     # conv 1->32 on 28x28, pool to 14x14, conv 32->64, pool to 7x7, dense 3136->128->10
     expected = 28 * 28 * 1 * 32 * 9 + 14 * 14 * 32 * 64 * 9 + 7 * 7 * 64 * 128 + 128 * 10
     assert cnn_macs_per_sample() == expected
+
+
+def test_model_flops_come_from_the_model_plan():
+    # resnet8's floor counts the preset's own FLOPs (model_plan), not a formula kept in the bench.
+    spec = trainer_spec("torch_resnet8", 3, "fashion-mnist", 4096, None)
+    flops = model_flops_per_epoch(spec, 4096)
+    plan = model_plan(spec)
+    assert flops["forward_flops_per_example"] == plan.flops == flops_per_example(spec)
+    assert flops["parameters"] == plan.parameters
+    assert flops["flops"] == 3 * plan.flops * 4096
+    # Both frameworks train the same model, so the floor is the same whichever spec it is read from.
+    assert model_flops_per_epoch(trainer_spec("jax_resnet8", 3, "fashion-mnist", 4096, None), 4096) == flops
+    # Its convs dominate: 6 x their multiply-adds is within a few percent of the count.
+    convs = (28 * 28 * 1 * 16 * 9 + 2 * 28 * 28 * 16 * 16 * 9
+             + 14 * 14 * (16 * 32 + 32 * 32) * 9 + 7 * 7 * (32 * 64 + 64 * 64) * 9)
+    assert 2 * convs <= plan.flops <= 1.1 * 2 * convs
+
+
+def test_resnet8_loops_train_the_preset_in_both_frameworks():
+    jax_spec, torch_spec = (trainer_spec(name, 2, "fashion-mnist", 256, 256) for name in RESNET_LOOPS)
+    assert (jax_spec.framework, torch_spec.framework) == ("jax", "pytorch")
+    assert jax_spec.model == torch_spec.model and jax_spec.model.name == "resnet8"
+    assert jax_spec.batch_size == torch_spec.batch_size == 128
+    # --quick keeps the rows a smoke test: a few hundred samples, one or two epochs.
+    quick = Config.quick()
+    assert quick.resnet_train_limit <= 512 and quick.resnet_epochs <= 2 and quick.resnet_rounds == 1
+
+
+def test_resnet8_table_reports_floor_and_framework_ratios():
+    loops = {"jax_resnet8": {"steady_s": 7.0, "first_epoch_s": 7.5, "test_accuracy": 0.8, "compile_s": 6.0,
+                             "compilations": 1},
+             "torch_resnet8": {"steady_s": 2.5, "first_epoch_s": 2.6, "test_accuracy": 0.8, "compile_s": 0.0,
+                               "compilations": 0}}
+    results = {"resnet8": {"model": "resnet8", "epochs": 3, "samples": 4096, "rounds": 2, "jax_over_pytorch": 2.8,
+                           "loops": loops, "floor": {"forward_flops_per_example": 19_017_984, "parameters": 77658,
+                                                     "flops": 3 * 19_017_984 * 4096, "floor_s": 0.5}}}
+    lines = report.resnet_table(results)
+    text = "\n".join(lines)
+    assert "JAX/PyTorch 2.80 x" in text and "floor 0.500 s/epoch" in text and "4096 samples" in text
+    jax_row = next(line for line in lines if line.startswith("trainhub JAX"))
+    torch_row = next(line for line in lines if line.startswith("trainhub PyTorch"))
+    assert jax_row.split()[-3:] == ["2.80", "14.00", "1"]   # x torch, x floor, compiles
+    assert torch_row.split()[-3:] == ["1.00", "5.00", "0"]
+    assert report.resnet_table({}) == []  # --skip-resnet: no rows
 
 
 def test_steady_epoch_is_the_best_rounds_median():

@@ -19,9 +19,11 @@ from trainers.spec import ComparisonSpec
 SCRIPT = """
 import json, sys, tempfile
 from trainers import JobSpec, fit
-spec = dict(dataset={"name": "digits", "train_limit": 512}, batch_size=64, epochs=2, seed=3,
-            model={"name": sys.argv[1], "channels": [4], "hidden_sizes": [32]} if sys.argv[1] == "cnn"
-            else {"hidden_sizes": [32]})
+MODELS = {"cnn": {"name": "cnn", "channels": [4], "hidden_sizes": [32]}, "mlp": {"hidden_sizes": [32]},
+          "layers": {"layers": [{"type": "conv2d", "filters": 4}, {"type": "layer_norm"}, {"type": "gelu"},
+                                {"type": "residual", "layers": [{"type": "conv2d", "filters": 6}, {"type": "relu"}]},
+                                {"type": "global_avg_pool"}, {"type": "dense", "units": 10}]}}
+spec = dict(dataset={"name": "digits", "train_limit": 512}, batch_size=64, epochs=2, seed=3, model=MODELS[sys.argv[1]])
 out = {}
 for devices in (1, 2):
     result = fit(JobSpec(framework="jax", devices=devices, **spec), tempfile.mkdtemp(), lambda e, m: None)
@@ -34,7 +36,7 @@ print(json.dumps(out))
 LOSS_RTOL = 1e-5
 
 
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
+@pytest.mark.parametrize("model", ["mlp", "cnn", "layers"])
 def test_jax_on_two_devices_matches_one_with_the_same_global_batch(model):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", SCRIPT, model], env=env, capture_output=True, text=True,
@@ -64,6 +66,12 @@ TORCH_MODELS = {
     # DP-SGD: each device clips its examples' gradients, the sums are all-reduced (noise off, so
     # the two runs can be compared; the noise is drawn once per step on rank 0).
     "mlp-privacy": {"model": {"hidden_sizes": [32]}, "privacy": {"clip_norm": 0.5, "noise_multiplier": 0.0}},
+    # A layer list with a residual and a layer norm, with DP-SGD's per-example gradients.
+    "layers-privacy": {"model": {"layers": [{"type": "dense", "units": 24}, {"type": "layer_norm"}, {"type": "tanh"},
+                                            {"type": "residual", "layers": [{"type": "dense", "units": 24},
+                                                                             {"type": "silu"}]},
+                                            {"type": "dense", "units": 10}]},
+                       "privacy": {"clip_norm": 0.5, "noise_multiplier": 0.0}},
 }
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="DDP on cpu needs two cores")
 

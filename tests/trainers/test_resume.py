@@ -8,6 +8,11 @@ import pytest
 from trainers import JobSpec, NanLoss, StopTraining, fit
 
 SPEC = {"dataset": {"name": "digits"}, "epochs": 3, "batch_size": 64, "model": {"dropout": 0.2}}
+# A layer list: batch norm statistics, dropout masks and a residual's projection resume too.
+LAYERS = {"layers": [{"type": "conv2d", "filters": 4}, {"type": "batch_norm"}, {"type": "relu"},
+                     {"type": "residual", "layers": [{"type": "conv2d", "filters": 8}, {"type": "relu"}]},
+                     {"type": "max_pool"}, {"type": "flatten"}, {"type": "dropout", "rate": 0.2},
+                     {"type": "dense", "units": 10}]}
 
 
 def stop_after(epochs: int):
@@ -18,9 +23,10 @@ def stop_after(epochs: int):
     return report
 
 
+@pytest.mark.parametrize("model", ["preset", "layers"])
 @pytest.mark.parametrize("framework", ["jax", "pytorch"])
-def test_resumed_run_matches_an_uninterrupted_one(framework, tmp_path):
-    spec = JobSpec(framework=framework, **SPEC)
+def test_resumed_run_matches_an_uninterrupted_one(framework, model, tmp_path):
+    spec = JobSpec(framework=framework, **{**SPEC, **({"model": LAYERS} if model == "layers" else {})})
     whole = fit(spec, tmp_path / "whole", lambda e, m: None)
 
     with pytest.raises(StopTraining):

@@ -87,6 +87,12 @@
   const shape = (dims) => (dims || []).join("×");
 
   function modelText(model) {
+    if (model.layers) {
+      // A list of the user's own: its layers' types, residuals in brackets.
+      const types = (layers) => layers.map((l) => (l.type === "residual" ? `residual[${types(l.layers)}]` : l.type));
+      return `layers: ${types(model.layers).join(" → ")}`;
+    }
+    if (model.name === "lenet5" || model.name === "resnet8") return model.name;
     const dense = JSON.stringify(model.hidden_sizes);
     const layers = model.name === "cnn" ? `CNN conv ${JSON.stringify(model.channels)}, dense ${dense}` : `MLP ${dense}`;
     return `${layers}${model.batch_norm ? ", batch norm" : ""}${model.dropout ? `, dropout ${model.dropout}` : ""}`;

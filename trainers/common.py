@@ -310,8 +310,10 @@ def write_common_artifacts(
     order = {name: i for i, name in enumerate(model_plan(spec).param_shapes())}
     ordered = sorted(weights.items(), key=lambda item: order.get(item[0], len(order)))
     tensors = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in ordered}
-    # "format": "pt" tells safetensors-aware loaders that the names follow PyTorch's layout.
-    save_file(tensors, workdir / WEIGHTS_FILE, metadata={"format": "pt", "framework": spec.framework})
+    # "format": "pt" tells safetensors-aware loaders that the names follow PyTorch's layout; the
+    # model's layer list and input shape let the loaders build it from the file alone.
+    metadata = {"format": "pt", "framework": spec.framework, MODEL_METADATA: model_metadata(spec)}
+    save_file(tensors, workdir / WEIGHTS_FILE, metadata=metadata)
     (workdir / METRICS_FILE).write_text(json.dumps([m.to_dict() for m in metrics], indent=2, allow_nan=False))
     (workdir / SPEC_FILE).write_text(spec.model_dump_json(indent=2))
     if preprocessing is None:
@@ -323,3 +325,29 @@ def write_common_artifacts(
 def read_weights(path: Path) -> Weights:
     """Read a weights.safetensors file into numpy arrays keyed by PyTorch-style names."""
     return load_file(str(path))
+
+
+MODEL_METADATA = "trainhub_model"
+
+
+def model_metadata(spec: JobSpec) -> str:
+    """JSON of {"layers": the model's layer list, "input_shape": one example's shape}, for the
+    weights file's metadata."""
+    walked = model_plan(spec)
+    layers = layers_of(spec.model, walked.outputs)
+    body = {"layers": [layer.model_dump(mode="json") for layer in layers], "input_shape": list(walked.input_shape)}
+    return json.dumps(body, sort_keys=True)
+
+
+def read_model(path: Path) -> tuple[list[Layer] | None, tuple[int, ...] | None]:
+    """(layer list, input shape) a weights file says it holds; (None, None) for a file written
+    before files said (a preset: its names and shapes say which)."""
+    from pydantic import TypeAdapter
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        raw = (f.metadata() or {}).get(MODEL_METADATA)
+    if raw is None:
+        return None, None
+    body = json.loads(raw)
+    return TypeAdapter(list[Layer]).validate_python(body["layers"]), tuple(body["input_shape"])

@@ -26,6 +26,7 @@ from trainers.common import (
     describe,
     image_shape,
     output_width,
+    read_model,
     read_weights,
 )
 from trainers.layers import Layer, Op, plan_for
@@ -351,6 +352,9 @@ def load_weights(
     layers read the input as `input_shape` [H, W, C] (the job's dataset; default: square, one
     channel). Raises ValueError for tensor names of no model."""
     weights = read_weights(path)
+    if layers is None:
+        layers, recorded_shape = read_model(path)
+        input_shape = input_shape or recorded_shape
     if layers is None:
         info = describe(weights)
         spec = ModelSpec.model_construct(

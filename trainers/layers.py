@@ -339,6 +339,11 @@ def _op(
         image = state == "image" or (state == "input" and len(shape) == 3)
         features = shape[-1] if image else flat
         is_batch = isinstance(layer, BatchNormLayer)
+        if not is_batch and features < 2:
+            raise LayerError(
+                f"{label}: a layer norm over {features} value gives 0 for every input (each value minus "
+                "its own mean); put it where there are at least 2 features or channels"
+            )
         group = ("conv_norms" if image else "norms") if is_batch else "layer_norms"
         name = f"{prefix}{group}.{counters.next(group)}"
         kinds = ("weight", "bias", "running_mean", "running_var") if is_batch else ("weight", "bias")
@@ -351,6 +356,17 @@ def _op(
     if isinstance(layer, ResidualLayer):
         return _residual(layer, where, label, state, shape, prefix, counters, depth)
     raise LayerError(f"{label}: unknown layer")
+
+
+def _reads_image(layers: Sequence[Layer]) -> bool:
+    """Whether a residual on the model's input reads it as an image: its first layer that is not
+    elementwise is spatial or a norm (a nested residual: as its own first such layer)."""
+    for inner in layers:
+        if isinstance(inner, ResidualLayer):
+            return _reads_image(inner.layers)
+        if inner.type not in (*ACTIVATIONS, "dropout"):
+            return inner.type in (*SPATIAL, "batch_norm", "layer_norm")
+    return False
 
 
 def _image(label: str, state: State, shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -375,14 +391,7 @@ def _residual(
     if depth >= MAX_DEPTH:
         raise LayerError(f"{label}: residuals nest at most {MAX_DEPTH} deep")
     name = f"{prefix}residuals.{counters.next('residuals')}"
-    reads_image = next(
-        (
-            inner.type in (*SPATIAL, "batch_norm", "layer_norm", "residual")
-            for inner in layer.layers
-            if inner.type not in (*ACTIVATIONS, "dropout")
-        ),
-        False,
-    )
+    reads_image = _reads_image(layer.layers)
     in_state: State = "image" if state == "image" or (state == "input" and reads_image and len(shape) == 3) else "flat"
     in_shape = shape if in_state == "image" else (math.prod(shape),)
     body, out_state, out_shape = _walk(layer.layers, in_state, in_shape, f"{name}.", f"{where}.", depth + 1)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from trainers.layers import Layer, LayerError, Plan, all_layers, plan, walk
+from trainers.layers import DropoutLayer, Layer, LayerError, Plan, all_layers, plan, walk
 from trainers.presets import layers_of
 
 Framework = Literal["jax", "pytorch"]
@@ -101,13 +101,21 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _knobs_fit_the_model(self) -> ModelSpec:
+        if self.name is None and self.layers is None:
+            raise ValueError("give a preset's name (mlp, cnn, lenet5, resnet8) or your own layers")
         knobs = [k for k in ("hidden_sizes", "dropout", "batch_norm", "channels") if k in self.model_fields_set]
         if self.name == "mlp" and "channels" in knobs:
             raise ValueError("channels is for model cnn only; remove it or set model.name to cnn")
         if self.name not in ("mlp", "cnn") and knobs:
             owner = "your layers" if self.layers is not None else f"preset {self.name}"
-            raise ValueError(f"{', '.join(knobs)} are for presets mlp and cnn, not {owner}; remove them")
+            verb = "is" if len(knobs) == 1 else "are"
+            raise ValueError(f"{', '.join(knobs)} {verb} for presets mlp and cnn, not {owner}; remove them")
         return self
+
+    @property
+    def knobbed(self) -> bool:
+        """Whether the model is a preset with knobs (mlp, cnn): messages name the knob, not a layer."""
+        return self.layers is None and self.name in ("mlp", "cnn")
 
     @model_serializer(mode="wrap")
     def _only_what_applies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -363,6 +371,11 @@ class TrainingSpec(_Strict):
                     f"model.channels has {len(self.model.channels)} conv layers, each halving the "
                     f"{height}x{width} images of {self.dataset.label} to nothing; use fewer conv layers"
                 ) from None
+            if self.model.layers is None:
+                raise ValueError(
+                    f"model {name} does not fit the {list(shape.input_shape)} examples of {self.dataset.label} "
+                    f"(its list, as GET /models/presets shows it: {exc}); use another model"
+                ) from None
             raise ValueError(str(exc)) from None
         if count > MAX_PARAMETERS:
             field = "model.hidden_sizes" if name in ("mlp", "cnn") else "model.layers"
@@ -380,9 +393,14 @@ class TrainingSpec(_Strict):
                 f"the {self.epochs} epochs, leaving some for the cosine decay"
             )
         if self.privacy is not None and uses_batch_norm(self.model):
+            fix = (
+                "turn model.batch_norm off"
+                if self.model.knobbed
+                else "use a layer list without batch_norm layers (layer_norm normalises each example alone)"
+            )
             raise ValueError(
-                "privacy needs per-example gradients, which batch_norm (mixing the examples "
-                "of a batch) does not have; turn model.batch_norm off (or use layer_norm in your layers)"
+                f"privacy needs per-example gradients, which batch_norm (mixing the examples of a batch) does not "
+                f"have; {fix}"
             )
         if self.precision == "bf16" and self.hardware == "cpu":
             raise ValueError('precision "bf16" needs hardware gpu or tpu; on cpu use precision "fp32"')
@@ -450,14 +468,24 @@ def _check_batch_norm(spec: TrainingSpec) -> None:
         for op in walk(model_plan(spec).ops)
         if op.kind == "batch_norm"
     ]
-    if per_device * min(areas) < 2:
+    if per_device * min(areas) >= 2:
+        return
+    each = f" on each of the {spec.devices} devices" if spec.devices > 1 else ""
+    least = f"use a batch_size of at least {2 * spec.devices}"
+    if spec.model.knobbed:
         where = "a hidden dense layer" if min(areas) == 1 else "the last conv layer (1x1 feature maps)"
-        each = f" on each of the {spec.devices} devices" if spec.devices > 1 else ""
         raise ValueError(
             f"model.batch_norm needs at least 2 values per channel in a training step, but batch_size "
-            f"{spec.batch_size} gives {where} only {per_device * min(areas)}{each}; use a batch_size of at least "
-            f"{2 * spec.devices}, or turn model.batch_norm off"
+            f"{spec.batch_size} gives {where} only {per_device * min(areas)}{each}; {least}, or turn "
+            "model.batch_norm off"
         )
+    norms = [op for op in walk(model_plan(spec).ops) if op.kind == "batch_norm"]
+    worst = min(norms, key=lambda op: op.out_shape[0] * op.out_shape[1] if op.out_state == "image" else 1)
+    raise ValueError(
+        f"the batch_norm at model.layers[{worst.where.replace('.', '].layers[')}] needs at least 2 values per "
+        f"channel in a training step, but batch_size {spec.batch_size} gives it only {per_device * min(areas)}{each} "
+        f"(its input is {list(worst.in_shape)}); {least}, or remove the layer"
+    )
 
 
 def _check_ddp(spec: TrainingSpec) -> None:
@@ -510,6 +538,12 @@ def model_plan(spec: TrainingSpec) -> Plan:
     return plan(layers_of(spec.model, shape.outputs), shape.input_shape, shape.outputs)
 
 
+def model_dropout(model: ModelSpec) -> float:
+    """The largest dropout rate of the model's layers (0: none): each framework draws its own
+    masks, so with dropout two runs are compared by their predictions only."""
+    return max((op.rate for op in all_layers(layers_of(model, 1)) if isinstance(op, DropoutLayer)), default=0.0)
+
+
 def uses_batch_norm(model: ModelSpec) -> bool:
     """Whether any layer of the model is a batch norm (mixing the examples of a batch)."""
     return any(op.type == "batch_norm" for op in all_layers(layers_of(model, 1)))
@@ -550,10 +584,9 @@ DATA_COPIES = 2
 
 
 def activation_count(spec: TrainingSpec) -> int:
-    """Values the forward pass computes for one example: each conv layer's feature maps (before
-    and after its pool) and each dense layer's outputs."""
-    kinds = ("dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool")
-    return sum(math.prod(op.out_shape) for op in walk(model_plan(spec).ops) if op.kind in kinds)
+    """Values the forward pass computes (and keeps for the backward pass) for one example: every
+    layer's output, those inside residuals and each residual's sum included."""
+    return sum(math.prod(op.out_shape) for op in walk(model_plan(spec).ops))
 
 
 def memory_estimate(spec: TrainingSpec) -> dict[str, int]:

@@ -25,6 +25,7 @@ from trainers.common import (
     describe,
     image_shape,
     output_width,
+    read_model,
     read_weights,
 )
 from trainers.layers import Layer, Op, plan_for
@@ -198,8 +199,12 @@ def load_weights(
     """The model (on the CPU, in eval mode) from a weights.safetensors file written by either
     trainer; its `layers` and `input_shape` as from_weights takes them.
 
-    A preset's architecture is read from the tensor shapes. Raises ValueError for other tensor names.
+    Without `layers`, the file's own record of its model is used (files written before it had one:
+    a preset's architecture is read from the tensor shapes). Raises ValueError for other tensor names.
     """
+    if layers is None:
+        layers, recorded_shape = read_model(path)
+        input_shape = input_shape or recorded_shape
     return from_weights(read_weights(path), dropout, input_shape, layers).eval()
 
 

@@ -15,7 +15,7 @@ from app.status import JobStatus
 from trainers import parity
 from trainers.data import load_dataset
 from trainers.presets import layers_of
-from trainers.spec import ComparisonSpec
+from trainers.spec import ComparisonSpec, model_dropout
 from workers import dataset_cache
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def settle(job_id: str) -> None:
         runs[0],
         runs[1],
         data.x_test,
-        spec.model.dropout,
+        model_dropout(spec.model),
         y_test=data.y_test,
         task=data.task,
         input_shape=data.input_shape,

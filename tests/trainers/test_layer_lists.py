@@ -190,3 +190,52 @@ def test_a_trained_list_loads_outside_trainhub_in_both_frameworks(tmp_path):
     assert np.abs(torch_logits - jax_logits).max() < 1e-4
     accuracy = float(np.mean(jax_logits.argmax(axis=1) == data.y_test))
     assert accuracy == pytest.approx(result.result["test_accuracy"], abs=1 / len(data.y_test))
+
+
+def test_the_weights_file_says_which_model_it_holds(tmp_path):
+    """torch_models/jax_models.load_weights build a list model from the file alone (no spec)."""
+    from trainers import fit
+    from trainers.data import load_dataset
+
+    layers = [{"type": "conv2d", "filters": 3, "kernel_size": 3}, {"type": "tanh"}, {"type": "avg_pool"},
+              {"type": "flatten"}, {"type": "dense", "units": 10}]
+    spec = JobSpec(framework="pytorch", model={"layers": layers}, dataset={"name": "digits"}, epochs=1, batch_size=64)
+    fit(spec, tmp_path, lambda epoch, metrics: None)
+    x = load_dataset(spec.dataset).x_test
+    with torch.no_grad():
+        torch_logits = torch_models.load_weights(tmp_path / "weights.safetensors")(torch.from_numpy(x.copy())).numpy()
+    module, variables = jax_models.load_weights(tmp_path / "weights.safetensors")
+    expected = reference.forward(plan(LAYERS.validate_python(layers), (8, 8, 1), 10),
+                                 torch_models.read_weights(tmp_path / "weights.safetensors"), x)
+    assert np.abs(torch_logits - expected).max() < 1e-4
+    assert np.abs(np.asarray(module.apply(variables, x)) - expected).max() < 1e-4
+
+
+def test_review_findings_are_refused_or_counted():
+    from trainers.spec import activation_count, model_dropout
+
+    digits = {"framework": "jax", "dataset": {"name": "digits"}}
+    # A layer norm over one channel would zero every input.
+    with pytest.raises(ValidationError, match=r"model\.layers\[0\] \(layer_norm\).*gives 0 for every input"):
+        JobSpec(**digits, model={"layers": [{"type": "layer_norm"}, {"type": "flatten"}, {"type": "dense", "units": 10}]})
+    # Activations are kept for the backward pass: the memory estimate counts them.
+    gelus = [{"type": "conv2d", "filters": 8}, *[{"type": "gelu"}] * 5, {"type": "flatten"}, {"type": "dense", "units": 10}]
+    assert activation_count(JobSpec(**digits, model={"layers": gelus})) == 6 * 8 * 64 + 8 * 64 + 10
+    # Dropout anywhere in a list: a comparison checks predictions only.
+    dropout = [{"type": "flatten"}, {"type": "dense", "units": 8}, {"type": "dropout", "rate": 0.3},
+               {"type": "dense", "units": 10}]
+    assert model_dropout(JobSpec(**digits, model={"layers": dropout}).model) == 0.3
+    # A residual whose first layer is another residual reads the input as the first inner layer says.
+    nested = [{"type": "residual", "layers": [{"type": "residual", "layers": [{"type": "dense", "units": 64}]}]},
+              {"type": "dense", "units": 10}]
+    assert JobSpec(**digits, model={"layers": nested})
+    # Messages for lists and knob-less presets name what to change.
+    with pytest.raises(ValidationError, match="use a layer list without batch_norm layers"):
+        JobSpec(framework="jax", model={"name": "resnet8"}, privacy={})
+    with pytest.raises(ValidationError, match=r"batch_norm at model.layers\[1\]"):
+        JobSpec(**digits, batch_size=1, model={"layers": [{"type": "flatten"}, {"type": "batch_norm"},
+                                                          {"type": "dense", "units": 10}]})
+    with pytest.raises(ValidationError, match="model lenet5 does not fit the \\[8, 8, 1\\] examples of digits"):
+        JobSpec(**digits, model={"name": "lenet5"})
+    with pytest.raises(ValidationError, match="give a preset's name"):
+        JobSpec(**digits, model={"name": None})

@@ -89,7 +89,8 @@
   function modelText(model) {
     if (model.layers) {
       // A list of the user's own: its layers' types, residuals in brackets.
-      const types = (layers) => layers.map((l) => (l.type === "residual" ? `residual[${types(l.layers)}]` : l.type));
+      const types = (layers) =>
+        layers.map((l) => (l.type === "residual" ? `residual[${types(l.layers).join(" → ")}]` : l.type));
       return `layers: ${types(model.layers).join(" → ")}`;
     }
     if (model.name === "lenet5" || model.name === "resnet8") return model.name;
@@ -464,7 +465,8 @@
         ["dataset", h("span", {id: "job-dataset"}, datasetLabel(data), shown.length ? ` (${shown.join(", ")})` : "")],
         ["task", info ? `${info.task}, input ${shape(info.input_shape)}` +
           `${info.num_classes ? `, ${info.num_classes} classes` : ""}, ${info.train_size} train / ${info.test_size} test` : null],
-        ["model", modelText(spec.model)],
+        ["model", modelText(spec.model) + (job.model ? ` (${job.model.parameters.toLocaleString()} parameters, ` +
+          `${job.model.flops_per_example.toLocaleString()} FLOPs an example)` : "")],
         ["optimizer", `${spec.optimizer.name}, learning rate ${spec.optimizer.learning_rate}`],
         ["epochs", spec.epochs], ["batch size", spec.batch_size], ["seed", spec.seed],
         ["max runtime", spec.max_runtime_s ? seconds(spec.max_runtime_s) : null],

@@ -7,6 +7,7 @@ counts the stored bytes of its records.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,8 +127,18 @@ def store(
     return row, True
 
 
+SHORT_ID = re.compile(r"ds_[0-9a-f]{8,31}")
+
+
 def find(session: Session, owner: Caller, dataset_id: str) -> Dataset | None:
-    """The record `dataset_id` names if `owner` may see it (its own; an admin key any)."""
+    """The record `dataset_id` names if `owner` may see it (its own; an admin key any): the whole
+    id, or `ds_` and at least 8 of its hex digits when exactly one such record starts with them."""
+    if SHORT_ID.fullmatch(dataset_id):
+        query = select(Dataset).where(Dataset.id.startswith(dataset_id, autoescape=True)).limit(2)
+        if not owner.is_admin:
+            query = query.where(Dataset.owner_id == owner.id)
+        found = list(session.scalars(query))
+        return found[0] if len(found) == 1 else None
     row = session.get(Dataset, dataset_id)
     return row if row is not None and (row.owner_id == owner.id or owner.is_admin) else None
 

@@ -78,6 +78,9 @@ def test_upload_records_the_dataset_and_dedupes(api, auth, services_env):
     assert [d["id"] for d in listed if not d["built_in"]] == [dataset["id"]]
     assert {d["name"] for d in listed if d["built_in"]} >= {"digits", "synthetic"}
     assert api.get(f"/datasets/{dataset['id']}", headers=auth).json() == dataset
+    # As lists show it: ds_ and its first 8 hex digits.
+    assert api.get(f"/datasets/{dataset['id'][:11]}", headers=auth).json()["id"] == dataset["id"]
+    assert api.get(f"/datasets/{dataset['id'][:10]}", headers=auth).status_code == 404
 
 
 def test_multipart_upload_with_form_fields(api, auth):

@@ -276,13 +276,14 @@ def test_each_spec_limit_is_422_naming_the_limit_and_its_setting(api, auth, monk
 
 def test_a_job_too_big_for_a_worker_is_refused_with_its_estimate(api, auth):
     """Issue 16, item 5: 1,000,000 + 1,000,000 examples, batch 65,536 and hidden [16384, 2048] was
-    accepted; a worker would need about 26 GiB."""
+    accepted; a worker would need about 39 GiB (every layer's output counted, its ReLUs' too, as
+    they are kept for the backward pass)."""
     spec = {"framework": "jax", "dataset": {"name": "synthetic", "train_limit": 1_000_000, "test_limit": 1_000_000},
             "batch_size": 65536, "model": {"hidden_sizes": [16384, 2048]}}
     response = api.post("/jobs", json=spec, headers=auth)
     assert response.status_code == 422
     [error] = [e for e in response.json()["detail"] if e["ctx"]["limit"] == "max_job_memory_bytes"]
-    assert "about 25.90 GiB" in error["msg"] and "activations 13.51 GiB" in error["msg"]
+    assert "about 39.40 GiB" in error["msg"] and "activations 27.01 GiB" in error["msg"]
     assert "TRAINHUB_MAX_JOB_MEMORY_BYTES" in error["msg"]
 
 

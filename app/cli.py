@@ -113,8 +113,9 @@ def serve(
         ),
     ] = 1,
 ) -> None:
-    """The API alone (uvicorn), on the database and broker of TRAINHUB_* settings."""
-    import uvicorn
+    """The API alone (uvicorn, under the bounds of app/server.py), on the database and broker of
+    TRAINHUB_* settings."""
+    from app import server
 
     if workers > 1 and get_settings().resolved_database_url().startswith("sqlite"):
         # The per-key quotas lock the key's row (app/limits.py), which SQLite cannot: one process.
@@ -122,15 +123,7 @@ def serve(
             "--workers above 1 needs PostgreSQL (TRAINHUB_DATABASE_URL); the embedded SQLite database "
             "serves one API process"
         )
-    # Open event streams and downloads would hold a graceful shutdown forever: they get
-    # shutdown_timeout_s to end, then are cancelled (a client resumes with Last-Event-ID or Range).
-    uvicorn.run(
-        "app.main:app",
-        host=host,
-        port=port,
-        workers=workers,
-        timeout_graceful_shutdown=get_settings().shutdown_timeout_s,
-    )
+    server.run(host, port, workers)
 
 
 @cli.command()

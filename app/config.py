@@ -47,6 +47,15 @@ class Settings(BaseSettings):
     - max_queued_jobs_per_key: a key with this many jobs queued gets 429 for more.
     - max_submissions_per_minute: jobs a key may create in any 60 s (a comparison is two);
       past it, 429 with Retry-After.
+    - max_header_bytes, max_headers: a request head (request line and header lines) of more
+      bytes, or with more header lines, is refused with 431; an unfinished head holds at most
+      max_header_bytes (plus one network read) before it is refused.
+    - header_timeout_s: a connection that has not sent a whole request head this long after it
+      opened (or after its previous response) is closed (seconds).
+    - body_timeout_s: a request body not received this long after its head is answered 408 and
+      the connection closed; an upload (POST /datasets) may take longer, but not this long
+      between two chunks (seconds).
+    - max_connections: open connections per API process; one more is answered 503 and closed.
     - cors_origins: origins (e.g. `https://ops.example.com`) whose pages may call the API from
       a browser; comma-separated or a JSON list. Empty (the default): no cross-origin requests.
     """
@@ -111,6 +120,12 @@ class Settings(BaseSettings):
     max_queued_jobs_per_key: int = Field(100, ge=1)
     max_submissions_per_minute: int = Field(60, ge=1)
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # What a connection may hold before the app sees a request (app/server.py enforces them).
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    max_headers: int = Field(100, ge=8)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    max_connections: int = Field(1000, ge=1)
 
     # Uploaded datasets (app/datasets/): the upload's size (413 past it), what one key may store
     # (bytes of the stored form, summed over its datasets), examples, and what an archive may

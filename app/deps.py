@@ -8,6 +8,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from app import limits
 from app.db import get_reader_sessionmaker, get_session
 from app.keys import Caller, find_key
 
@@ -56,3 +57,17 @@ def _missing_key_message(authorization: str | None) -> str:
 
 
 CurrentUser = Annotated[Caller, Depends(current_user)]
+
+
+def within_rate(request: Request, user: CurrentUser) -> Caller:
+    """The caller of a submission (POST /jobs, /comparisons), refused with 429 before its body is
+    validated when the key already used its submissions of the minute (limits.check_rate). The
+    caller is kept on the request, so a refusal of the body counts against it (app/errors.py)."""
+    with get_reader_sessionmaker()() as session:
+        limits.check_rate(session, user)
+    request.state.submitter = user
+    return user
+
+
+# A route that creates jobs takes this in place of CurrentUser.
+Submitter = Annotated[Caller, Depends(within_rate)]

@@ -15,9 +15,15 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app import limits
+from app.db import get_reader_sessionmaker, session_scope
+from app.keys import find_key
 from app.limits import QuotaExceeded, SpecOverLimit
 from app.middleware import is_json
 
@@ -172,7 +178,39 @@ def _with_the_fix(error: dict) -> dict:
 MAX_ERRORS = 20
 
 
+# The routes whose refused bodies count towards the key's per-minute rate (limits.record_rejection).
+SUBMISSIONS = ("/jobs", "/comparisons")
+
+
+def _count_rejection(request: Request) -> None:
+    """Count a refused submission against its key: the caller the route's within_rate dependency
+    kept, or (a body FastAPI could not parse, refused before dependencies run) the key of its
+    Authorization header. Requests without a live key are not counted (they got no work)."""
+    if request.method != "POST" or request.url.path.rstrip("/") not in SUBMISSIONS:
+        return
+    caller = getattr(request.state, "submitter", None)
+    if caller is None:
+        scheme, secret = get_authorization_scheme_param(request.headers.get("authorization"))
+        if scheme.lower() != "bearer":
+            return
+        with get_reader_sessionmaker()() as session:
+            caller = find_key(session, secret)
+        if caller is None:
+            return
+    with session_scope() as session:
+        limits.record_rejection(session, caller.id)
+
+
+async def count_rejection(request: Request) -> None:
+    """_count_rejection off the event loop; a database error there still lets the 422 out."""
+    try:
+        await run_in_threadpool(_count_rejection, request)
+    except SQLAlchemyError:
+        log.warning("could not count a refused submission against its key", exc_info=True)
+
+
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    await count_rejection(request)
     found = exc.errors()
     errors = [
         _about_the_whole_body(_with_the_fix(_at_the_field_it_names(_echo(e))), request) for e in found[:MAX_ERRORS]
@@ -188,8 +226,9 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
     return JSONResponse({"detail": _finite(jsonable_encoder(errors))}, status_code=422)
 
 
-async def spec_over_limit(_request: Request, exc: SpecOverLimit) -> JSONResponse:
+async def spec_over_limit(request: Request, exc: SpecOverLimit) -> JSONResponse:
     """A spec above one of this server's limits: 422, one item per limit, each naming it."""
+    await count_rejection(request)
     return JSONResponse({"detail": exc.errors}, status_code=422)
 
 

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import lifecycle, limits, queue
+from app import lifecycle, limits, queue, scheduling
 from app.config import get_settings
 from app.keys import Caller
 from app.models import Job, Worker, utcnow
@@ -287,39 +287,11 @@ def worker_command(hardware: str, devices: int) -> str:
     return f"trainhub worker --hardware {hardware} --devices {indices}"
 
 
-_jobs = Job.__table__.c
-# Built once (every GET of a queued job runs it): the queued jobs of the same queue created
-# before this one; at the same instant, the id breaks the tie, as in the job list.
-_QUEUED_AHEAD = (
-    select(func.count())
-    .select_from(Job.__table__)
-    .where(
-        _jobs.status == JobStatus.QUEUED.value,
-        _jobs.hardware == bindparam("hardware"),
-        _jobs.framework == bindparam("framework"),
-        _jobs.devices == bindparam("devices"),
-        or_(
-            _jobs.created_at < bindparam("created_at"),
-            and_(_jobs.created_at == bindparam("created_at"), _jobs.id < bindparam("id")),
-        ),
-    )
-)
-
-
 def queue_position(session: Session, job: Job) -> int | None:
-    """1 for the next queued job of its queue (`<hardware>.<framework>[.x<devices>]`), 2 for the one after...;
-    None for a job that is not queued. Counted from the jobs table (everyone's), oldest first:
-    the broker may hold duplicate or stale messages, the rows do not."""
+    """1 for the queued job of its queue (`<hardware>.<framework>[.x<devices>]`) that runs next,
+    2 for the one after...; None for a job that is not queued. Counted from the jobs table
+    (everyone's), in the queue's fair order across keys (app/scheduling.py): the broker may hold
+    duplicate or stale messages, the rows do not."""
     if job.status != JobStatus.QUEUED:
         return None
-    ahead = session.scalar(
-        _QUEUED_AHEAD,
-        {
-            "hardware": job.hardware,
-            "framework": job.framework,
-            "devices": job.devices,
-            "created_at": job.created_at,
-            "id": job.id or "",  # a job not yet stored has no id: no tie
-        },
-    )
-    return (ahead or 0) + 1
+    return scheduling.position(session, job)

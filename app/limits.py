@@ -27,12 +27,12 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import bindparam, func, or_, select
+from sqlalchemy import bindparam, delete, func, insert, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from app.config import Settings, get_settings
 from app.keys import Caller
-from app.models import ApiKey, Job, utcnow
+from app.models import ApiKey, Job, RejectedSubmission, utcnow
 from app.status import JobStatus
 from trainers.spec import TrainingSpec, memory_estimate, parameter_count, test_size, train_size
 
@@ -221,14 +221,24 @@ _RECENT = Job.created_at > bindparam("since")
 # FOR NO KEY UPDATE: it excludes the other requests' quota locks but not the KEY SHARE lock each
 # INSERT of a job takes on its key (the foreign key check), which FOR UPDATE would deadlock with.
 _LOCK_KEY = select(ApiKey.id).where(ApiKey.id == bindparam("owner_id")).with_for_update(key_share=True)
+_REJECTED = RejectedSubmission.__table__.c
+_REJECTED_RECENT = (_REJECTED.owner_id == bindparam("owner_id"), _REJECTED.at > bindparam("since"))
 # One query, each set from its own index: the rows read are the key's queued and recent jobs,
-# not every job it ever had.
-_COUNT_QUEUED_AND_RECENT = select(func.count().filter(_QUEUED), func.count().filter(_RECENT)).where(
-    Job.owner_id == bindparam("owner_id"), or_(_QUEUED, _RECENT)
+# not every job it ever had, and its refused submissions of the window.
+_COUNT_QUEUED_AND_RECENT = select(
+    func.count().filter(_QUEUED),
+    func.count().filter(_RECENT) + select(func.count()).where(*_REJECTED_RECENT).scalar_subquery(),
+).where(Job.owner_id == bindparam("owner_id"), or_(_QUEUED, _RECENT))
+# The key's submissions in the window, created jobs and refused ones alike, oldest first.
+_WINDOW = union_all(
+    select(Job.created_at.label("at")).where(Job.owner_id == bindparam("owner_id"), _RECENT),
+    select(_REJECTED.at.label("at")).where(*_REJECTED_RECENT),
+).subquery()
+_RECENT_OLDEST_FIRST = select(_WINDOW.c.at).order_by(_WINDOW.c.at)
+_FORGET_REJECTED = delete(RejectedSubmission).where(
+    RejectedSubmission.owner_id == bindparam("owner_id"), RejectedSubmission.at <= bindparam("since")
 )
-_RECENT_OLDEST_FIRST = (
-    select(Job.created_at).where(Job.owner_id == bindparam("owner_id"), _RECENT).order_by(Job.created_at)
-)
+_RECORD_REJECTED = insert(RejectedSubmission).values(owner_id=bindparam("owner_id"), at=bindparam("now"))
 
 
 def lock_key(session: Session, owner: Caller) -> None:
@@ -251,6 +261,35 @@ def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Se
     ):
         session.rollback()
         raise error
+
+
+def check_rate(session: Session, owner: Caller, settings: Settings | None = None) -> None:
+    """QuotaExceeded (with Retry-After) when the key already used its submissions of the minute,
+    created or refused: asked before a submission's body is validated, so a key sending invalid
+    bodies is answered 429 without the work of explaining them. Counts only; locks nothing (the
+    exact count is check_quota's, under the key's lock)."""
+    s = settings or get_settings()
+    now = utcnow()
+    since = now - timedelta(seconds=RATE_WINDOW_S)
+    params = {"owner_id": owner.id, "since": since}
+    recent = session.execute(_COUNT_QUEUED_AND_RECENT, params).one()[1]
+    if recent >= s.max_submissions_per_minute:
+        retry_after = seconds_until_freed(session, owner, since, now, recent - s.max_submissions_per_minute + 1)
+        raise QuotaExceeded(
+            f"this key sent {recent} submission(s) in the last minute, created or refused as invalid; the limit "
+            f"is {s.max_submissions_per_minute} per minute (max_submissions_per_minute, set by "
+            f"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE): retry in {retry_after} s",
+            retry_after,
+        )
+
+
+def record_rejection(session: Session, owner_id: str) -> None:
+    """Count one refused submission of the key towards its per-minute rate, forgetting its
+    refusals older than the window (so the table holds at most a minute of them). Commits."""
+    now = utcnow()
+    session.execute(_FORGET_REJECTED, {"owner_id": owner_id, "since": now - timedelta(seconds=RATE_WINDOW_S)})
+    session.execute(_RECORD_REJECTED, {"owner_id": owner_id, "now": now})
+    session.commit()
 
 
 def _over_quota(
@@ -279,7 +318,7 @@ def _over_quota(
     if excess > 0:
         retry_after = seconds_until_freed(session, owner, since, now, excess)
         return QuotaExceeded(
-            f"this key created {recent} job(s) in the last minute{_and_this(new_jobs)}; the limit is "
+            f"this key sent {recent} submission(s) in the last minute{_and_this(new_jobs)}; the limit is "
             f"{s.max_submissions_per_minute} per minute (max_submissions_per_minute, set by "
             f"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE): retry in {retry_after} s",
             retry_after,
@@ -292,8 +331,8 @@ def _and_this(new_jobs: int) -> str:
 
 
 def seconds_until_freed(session: Session, owner: Caller, since: datetime, now: datetime, excess: int) -> int:
-    """Seconds until the key's window (its submissions after `since`) has room again: once its
-    `excess` oldest submissions are a minute old. At least 1."""
+    """Seconds until the key's window (its submissions after `since`, created jobs and refused
+    ones) has room again: once its `excess` oldest submissions are a minute old. At least 1."""
     oldest = session.scalar(_RECENT_OLDEST_FIRST.offset(excess - 1).limit(1), {"owner_id": owner.id, "since": since})
     if oldest is None:  # rows deleted since they were counted
         return 1

@@ -7,7 +7,9 @@ pass through untouched.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from email.message import Message
+from typing import Any
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
@@ -78,7 +80,8 @@ def _body_error(message: str, kind: str) -> JSONResponse:
     return JSONResponse({"detail": [{"type": kind, "loc": ["body"], "msg": message}]}, status_code=422)
 
 
-def _is_upload(scope: Scope) -> bool:
+def is_upload(scope: Mapping[str, Any]) -> bool:
+    """Whether the request is a dataset upload (POST /datasets), whose body is streamed, not read here."""
     return scope["method"] == "POST" and scope["path"].rstrip("/") == "/datasets"
 
 
@@ -92,7 +95,7 @@ class RequestLimits:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in BODY_METHODS or _is_upload(scope):
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS or is_upload(scope):
             # (a GET's body is never read, so it is never refused either; an upload is streamed
             # to disk by its route, under its own limit, TRAINHUB_MAX_DATASET_BYTES)
             await self.app(scope, receive, send)

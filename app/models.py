@@ -111,15 +111,20 @@ class Job(Base):
         UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency"),
         Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),  # a key's recent jobs (rate limit)
         Index("ix_jobs_owner_id_status", "owner_id", "status"),  # a key's queued jobs (quota)
-        # The queued jobs of a queue, oldest first (queue_position); only queued rows are indexed.
+        # The queued jobs of a queue by key, oldest first (app/scheduling.py: the next job, and
+        # queue_position); only queued rows are indexed.
         Index(
-            "ix_jobs_queued",
+            "ix_jobs_queued_by_owner",
             "hardware",
             "framework",
+            "devices",
+            "owner_id",
             "created_at",
             postgresql_where=text("status = 'queued'"),
             sqlite_where=text("status = 'queued'"),
         ),
+        # A key's latest claim in a queue (app/scheduling.py: who was served longest ago).
+        Index("ix_jobs_owner_queue_started", "owner_id", "hardware", "framework", "devices", "started_at"),
     )
 
     @property
@@ -187,6 +192,20 @@ class Worker(Base):
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # The built-in datasets whose files this worker has (null: reported before 0011).
     datasets: Mapped[list | None] = mapped_column(JSON)
+
+
+class RejectedSubmission(Base):
+    """A submission (POST /jobs, /comparisons) refused as invalid (422): it counts towards its
+    key's per-minute rate like a created job, so invalid bodies cannot buy unbounded
+    validation work. Rows older than the rate window are deleted as new ones come."""
+
+    __tablename__ = "rejected_submissions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (Index("ix_rejected_submissions_owner_id_at", "owner_id", "at"),)
 
 
 class Dataset(Base):

@@ -11,13 +11,18 @@ once are harmless.
 2. Jobs without a message: `queued` jobs never handed to the broker (it was down at submit).
 3. Messages the broker lost: Redis restarted from an older snapshot, a flushed database or a
    deleted list. A queued job whose message went out more than MESSAGE_GRACE_S ago but is in
-   neither its queue nor the unacknowledged set (seen twice, a moment apart) is sent again. One
-   worker at a time scans (a lock in Redis), and a resent job is stamped, so it is sent once.
-   A duplicate message would still be harmless: the claim is a compare-and-set on the row.
+   neither its queue nor the unacknowledged set (seen twice, a moment apart) is sent again,
+   unless its queue holds a spare turn: a message is a turn in its queue (app/scheduling.py),
+   and one whose job is no longer queued (it was taken out of turn, or cancelled) will claim a
+   waiting job all the same. One worker at a time scans (a lock in Redis), and a resent job is
+   stamped, so it is sent once. A duplicate message would still be harmless: the claim is a
+   compare-and-set on the row.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import re
 import time
@@ -123,32 +128,73 @@ def resend_lost_messages() -> None:
             ).all()
         if not queued:
             return
-        queues = {Job(hardware=h, framework=f, devices=d).queue for _, h, f, d in queued}
-        missing = {job_id for job_id, *_ in queued} - _ids_in_broker(client, queues)
+        queue_of = {job_id: Job(hardware=h, framework=f, devices=d).queue for job_id, h, f, d in queued}
+        queues = set(queue_of.values())
+        missing = set(queue_of) - _ids_in_broker(client, queues)[0]
         if missing:
             time.sleep(0.5)  # a message moving from its queue to `unacked` is in neither for a moment
-            missing -= _ids_in_broker(client, queues)
+            found, waiting = _ids_in_broker(client, queues)
+            missing -= found
         if missing:
-            _resend(missing)
+            _resend(_beyond_spare_turns([job_id for job_id, *_ in queued if job_id in missing], queue_of, waiting))
     finally:
         client.close()
 
 
-def _ids_in_broker(client: redis.Redis, queues: set[str]) -> set[str]:
-    """The job ids in `queues` (kombu's lists, priorities included) and in `unacked`."""
-    found: set[bytes] = set()
+def _ids_in_broker(client: redis.Redis, queues: set[str]) -> tuple[set[str], dict[str, list[str]]]:
+    """The job ids in `queues` (kombu's lists, priorities included) and in `unacked`; and the
+    ids waiting in each queue's lists."""
+    waiting: dict[str, list[str]] = {}
+    found: set[str] = set()
     with client.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            for name in (queue, *(f"{queue}\x06\x16{p}" for p in range(1, 10))):  # kombu's priority lists
-                pipe.lrange(name, 0, -1)
+        names = [(queue, name) for queue in queues for name in (queue, *(f"{queue}\x06\x16{p}" for p in range(1, 10)))]
+        for _, name in names:  # (kombu's priority lists)
+            pipe.lrange(name, 0, -1)
         pipe.hvals(UNACKED)
-        for messages in pipe.execute():
-            for message in messages:
-                found.update(_JOB_ID.findall(message))
-    return {raw.decode() for raw in found}
+        *lists, unacked = pipe.execute()
+    for (queue, _), messages in zip(names, lists, strict=True):
+        ids = [job_id for message in messages if (job_id := _job_id_of(message))]
+        waiting.setdefault(queue, []).extend(ids)
+        found.update(ids)
+    found.update(raw.decode() for message in unacked for raw in _JOB_ID.findall(message))
+    return found, waiting
 
 
-def _resend(job_ids: set[str]) -> None:
+def _job_id_of(message: bytes) -> str | None:
+    """The job id a message of kombu's Redis transport carries (Celery's task protocol 2: the
+    body is [args, kwargs, embed], args [job_id]); None for a message that is not one of ours.
+    (The message's own ids, task and delivery tag, are UUIDs too: they must not be counted.)"""
+    try:
+        payload = json.loads(message)
+        body = payload["body"]
+        if payload.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        job_id = json.loads(body)[0][0]
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return job_id if isinstance(job_id, str) and _JOB_ID.fullmatch(job_id.encode()) else None
+
+
+def _beyond_spare_turns(missing: list[str], queue_of: dict[str, str], waiting: dict[str, list[str]]) -> list[str]:
+    """The `missing` jobs (oldest first) that no spare turn of their queue covers: a spare turn
+    is a message waiting in the queue whose job is no longer queued."""
+    listed = {job_id for ids in waiting.values() for job_id in ids}
+    with session_scope() as session:
+        still_queued = set(
+            session.scalars(select(Job.id).where(Job.id.in_(listed), Job.status == JobStatus.QUEUED)) if listed else ()
+        )
+    spare = {queue: sum(job_id not in still_queued for job_id in ids) for queue, ids in waiting.items()}
+    uncovered = []
+    for job_id in missing:
+        queue = queue_of[job_id]
+        if spare.get(queue, 0) > 0:
+            spare[queue] -= 1
+        else:
+            uncovered.append(job_id)
+    return uncovered
+
+
+def _resend(job_ids: list[str]) -> None:
     with session_scope() as session:
         for job in session.scalars(select(Job).where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)):
             log.warning("job %s is queued but the broker lost its message; sending it again", job.id)

@@ -1,7 +1,9 @@
 """Run one job: claim its row, train, record each epoch, store artifacts, end it.
 
-The database row is the truth: a claim is a compare-and-set from `queued` to `running`, so a
-message delivered twice (or for a cancelled job) does nothing. Every later write is fenced by
+A message is a turn in its job's queue: the job claimed is the one that runs next in that queue
+by the fair share across keys (app/scheduling.py), often but not always the message's own. The
+database row is the truth: a claim is a compare-and-set from `queued` to `running`, so a
+message delivered twice (or for a cancelled job) claims at most a job still waiting. Every later write is fenced by
 the attempt number the claim took: if the reconciler handed the job to another worker (this
 one was thought lost), this run's writes no longer apply and it stops at its next chunk.
 """
@@ -13,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, StatementError
 
 import trainers
-from app import jobs, lifecycle, storage
+from app import jobs, lifecycle, scheduling, storage
 from app.config import get_settings
 from app.db import is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
@@ -49,9 +52,13 @@ USER_ERRORS = {
 }
 
 
-def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
-    """Run the job if this call wins its claim; return the status it ended with, "skipped", or
-    "misrouted" when its queue is not among `serves` (the queues this worker checked it can serve).
+def run(
+    job_id: str, worker: dict, serves: list[str] | None = None, on_pick: Callable[[str], None] | None = None
+) -> str:
+    """Take the turn of job `job_id`'s message: claim the job that runs next in its queue and run
+    it; return the status it ended with, "skipped" when no job waits there, or "misrouted" when
+    the queue is not among `serves` (the queues this worker checked it can serve). `on_pick` is
+    told the id of the job about to be claimed, before the claim (the heartbeat names it).
 
     Whatever happens after the claim, the job ends succeeded, failed or cancelled, or (when the
     worker is shutting down) goes back to queued to resume elsewhere. Its writes are retried
@@ -60,11 +67,11 @@ def run(job_id: str, worker: dict, serves: list[str] | None = None) -> str:
     requeues it once this worker reports another job."""
     if serves is not None and not retrying(lambda: serves_job(job_id, serves)):
         return "misrouted"
-    claimed = retrying(lambda: claim(job_id, worker))
+    claimed = retrying(lambda: claim(job_id, worker, on_pick))
     if claimed is None:
-        log.info("job %s is not queued (duplicate delivery or cancelled); skipping", job_id)
+        log.info("no job waits in the queue of job %s (a duplicate or stale message); skipping", job_id)
         return "skipped"
-    claimed_at, attempt = claimed
+    job_id, claimed_at, attempt = claimed
     try:
         return train(job_id, attempt, claimed_at, worker)
     except trainers.StopTraining as stop:
@@ -162,13 +169,23 @@ def serves_job(job_id: str, serves: list[str]) -> bool:
     return False
 
 
-def claim(job_id: str, worker: dict) -> tuple[datetime, int] | None:
-    """Compare-and-set the row from queued to running; (claim time, attempt number), or None if
-    the job is not queued (another worker won, or it was cancelled)."""
-    now = utcnow()
+def claim(turn_of: str, worker: dict, on_pick: Callable[[str], None] | None = None) -> tuple[str, datetime, int] | None:
+    """Claim the job that runs next in the queue of job `turn_of` (app/scheduling.py):
+    (its id, the claim time, the attempt number), or None when no job waits there (or `turn_of`
+    is unknown). The claim is a compare-and-set from queued to running; when another worker
+    claims the same job first, the next one is picked, until one is won or none waits."""
     with session_scope() as session:
-        attempt = lifecycle.claim(session, job_id, worker, now)
-    return (now, attempt) if attempt is not None else None
+        turn = session.get(Job, turn_of)
+        if turn is None:
+            return None
+        queue = (turn.hardware, turn.framework, turn.devices)
+        while (job_id := scheduling.next_job(session, *queue)) is not None:
+            if on_pick is not None:
+                on_pick(job_id)
+            now = utcnow()
+            if (attempt := lifecycle.claim(session, job_id, worker, now)) is not None:
+                return job_id, now, attempt
+    return None
 
 
 class JobHooks:

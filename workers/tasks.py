@@ -12,11 +12,15 @@ from workers.identity import current_worker
 
 @celery.task(name=RUN_JOB_TASK)
 def run_job(job_id: str) -> str:
-    """Run job `job_id` if it is still queued; return the status it ended with or "skipped"."""
+    """Take the turn of job `job_id`'s message: run the job that is next in its queue (often that
+    one); return the status it ended with, or "skipped" when none waits."""
     worker = current_worker()
-    worker.current_job_id = job_id
+
+    def picked(picked_id: str) -> None:
+        worker.current_job_id = picked_id  # named by the heartbeat from before its claim on
+
     try:
-        return runner.run(job_id, worker.job_info(), serves=worker.caps.queues)
+        return runner.run(job_id, worker.job_info(), serves=worker.caps.queues, on_pick=picked)
     finally:
         worker.current_job_id = None
 

@@ -10,7 +10,7 @@ from app import comparisons as service
 from app import jobs, limits, rendering
 from app.api import json_response
 from app.datasets import records
-from app.deps import CurrentUser, SessionDep
+from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
 from app.models import Comparison as ComparisonRow
 from app.schemas import Comparison, ComparisonSpec
@@ -30,7 +30,7 @@ def render(session: SessionDep, comparison: ComparisonRow, user: CurrentUser) ->
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison, responses=responses(429))
-def create_comparison(spec: ComparisonSpec, session: SessionDep, user: CurrentUser) -> Response:
+def create_comparison(spec: ComparisonSpec, session: SessionDep, user: Submitter) -> Response:
     """Train the spec (no `framework`) once with JAX and once with PyTorch, on the same hardware,
     from the same initial weights and with the same batch order. The two jobs count as two
     against the key's limits (429 when over one); the spec meets this server's limits as in

@@ -10,7 +10,7 @@ from app import jobs as service
 from app import limits, rendering
 from app.api import json_response
 from app.datasets import records
-from app.deps import CurrentUser, SessionDep
+from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
 from app.models import Job as JobRow
 from app.schemas import EpochMetrics, Job, JobPage, JobSpec, JobStatus
@@ -30,7 +30,7 @@ def owned_job(session: SessionDep, user: CurrentUser, job_id: str) -> JobRow:
 def create_job(
     spec: JobSpec,
     session: SessionDep,
-    user: CurrentUser,
+    user: Submitter,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Response:
     """Validate and store a job, then queue it on `<hardware>.<framework>`.
@@ -40,8 +40,9 @@ def create_job(
 
     This server's limits (epochs, batch size, parameters, max_runtime_s, labels) may be lower
     than the schema's: a spec above one is 422 naming it. A spec without max_runtime_s gets the
-    server's limit. A key with too many jobs queued, or created in the last minute, gets 429
-    (with Retry-After for the latter)."""
+    server's limit. A key with too many jobs queued, or too many submissions in the last minute
+    (jobs created, and submissions refused as invalid: they count too), gets 429 (with
+    Retry-After for the latter), before its body is validated."""
     spec = cast(JobSpec, limits.apply_limits(records.with_dataset(session, user, spec)))
     try:
         job, position = service.create_job(session, user, spec, idempotency_key)

@@ -380,9 +380,56 @@ def test_retry_after_is_when_enough_submissions_have_left_the_window(api, auth, 
     set_limits(monkeypatch, max_submissions_per_minute=3)
     response = api.post("/jobs", json=DIGITS, headers=auth)
     assert response.status_code == 429
-    assert "this key created 4 job(s) in the last minute" in response.json()["detail"]
+    assert "this key sent 4 submission(s) in the last minute" in response.json()["detail"]
     # Two of the four must leave the window for a fifth to fit: the one of 40 s ago does in 20 s.
     assert int(response.headers["Retry-After"]) in (19, 20)
+
+
+def test_refused_submissions_count_towards_the_rate_and_a_spent_key_is_429_before_validation(
+    api, auth, make_key, monkeypatch
+):
+    set_limits(monkeypatch, max_submissions_per_minute=4)
+    before = count_jobs()
+    unknown_keys = {**DIGITS, **{f"unknown_{i}": i for i in range(200)}}
+    assert api.post("/jobs", json=unknown_keys, headers=auth).status_code == 422  # a bad body
+    assert api.post("/jobs", json={**DIGITS, "epochs": 10**6}, headers=auth).status_code == 422  # over a limit
+    not_json = {**auth, "Content-Type": "application/json"}
+    assert api.post("/jobs", content=b'{"framework": ', headers=not_json).status_code == 422  # not JSON
+    assert api.post("/comparisons", json={"epochs": "many"}, headers=auth).status_code == 422
+    # Four refused submissions spent the minute: a valid job and an invalid body alike are now 429,
+    # the invalid one without the work (and the megabytes) of explaining its 200 unknown keys.
+    valid = api.post("/jobs", json=DIGITS, headers=auth)
+    invalid = api.post("/jobs", json=unknown_keys, headers=auth)
+    for response in (valid, invalid):
+        assert response.status_code == 429
+        assert "refused as invalid" in response.json()["detail"]
+        assert 1 <= int(response.headers["Retry-After"]) <= 60
+    assert count_jobs() == before
+    # Per key; a request without a live key is 401 and counts against nobody.
+    other = bearer(make_key("other"))
+    for _ in range(5):
+        assert api.post("/jobs", json=unknown_keys, headers=bearer("th_unknown")).status_code == 401
+    assert api.post("/jobs", json=DIGITS, headers=other).status_code == 201
+
+
+def test_refused_submissions_leave_the_window_like_jobs(api, auth, monkeypatch):
+    from app.db import session_scope
+    from app.models import RejectedSubmission, utcnow
+
+    set_limits(monkeypatch, max_submissions_per_minute=2)
+    for _ in range(2):
+        assert api.post("/jobs", json={**DIGITS, "epochs": 0}, headers=auth).status_code == 422
+    assert api.post("/jobs", json=DIGITS, headers=auth).status_code == 429
+    with session_scope() as session:  # the refusals were a minute ago
+        aged = session.scalars(select(RejectedSubmission).order_by(RejectedSubmission.id.desc()).limit(2)).all()
+        for row in aged:
+            row.at = utcnow() - timedelta(seconds=61)
+        aged_ids = [row.id for row in aged]
+        session.commit()
+    assert api.post("/jobs", json={**DIGITS, "epochs": 0}, headers=auth).status_code == 422
+    with session_scope() as session:  # the old refusals were forgotten as the new one came
+        assert session.scalars(select(RejectedSubmission).where(RejectedSubmission.id.in_(aged_ids))).all() == []
+    assert api.post("/jobs", json=DIGITS, headers=auth).status_code == 201
 
 
 def test_concurrent_submissions_of_one_key_never_pass_the_limit_together(api, auth, monkeypatch):

@@ -4,9 +4,23 @@ backend the job asks for fails the job."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 GPU_JOB = {"framework": "jax", "hardware": "gpu", "dataset": {"name": "digits"}, "epochs": 1}
+
+
+@pytest.fixture(autouse=True)
+def no_waiting_jobs(services_env):
+    """End what earlier tests left queued: a message is a turn in its queue (app/scheduling.py),
+    and the worker here must find only this test's jobs waiting."""
+    from sqlalchemy import text
+
+    from app.db import session_scope
+
+    with session_scope() as session:
+        session.execute(text("UPDATE jobs SET status = 'cancelled' WHERE status IN ('queued', 'running')"))
+        session.commit()
 
 
 def test_a_message_for_hardware_the_worker_lacks_is_never_run(api, auth, redis_url):

@@ -1,0 +1,149 @@
+"""Which queued job of a queue runs next: a fair share across keys, and where a job stands.
+
+Every queue (`<hardware>.<framework>[.x<devices>]`) is shared by every key. Taken in order of
+arrival, one key's hundred week-long jobs would hold it for months; instead the next job is
+taken round robin across the keys with jobs waiting in the queue, in this order (`turns`):
+
+1. the key with the fewest jobs running in this queue;
+2. then the key served here longest ago (its latest claim in the queue; never served: first);
+3. then the key whose oldest queued job is oldest;
+
+and of that key, its oldest queued job (`next_job`). A broker message is a turn in its queue,
+not an order to run its own job: the worker that takes one claims the job this order names, so
+a queue holds as many turns as queued jobs and none is lost when a job is taken out of turn
+(workers/runner.py; the reconciler counts turns the same way).
+
+`position` follows the same order, round by round: the first queued job of every key in turn
+order, then every key's second, and so on. Jobs that end sooner or later than others reorder
+later rounds, so a position past the first round is the best estimate, not a promise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import and_, bindparam, func, or_, select
+from sqlalchemy.orm import Session, aliased
+
+from app.models import Job, aware
+from app.status import JobStatus
+
+_QUEUED = JobStatus.QUEUED.value
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A key with jobs waiting in a queue: how many (`queued`), since when (`head`, its oldest
+    queued job's created_at), how many it runs there now, when it was last served there, and
+    (`before`) how many of its queued jobs came before the job a position is asked for."""
+
+    owner_id: str
+    queued: int
+    head: datetime
+    running: int
+    last_claimed: datetime | None
+    before: int = 0
+
+    def order(self) -> tuple:
+        never = datetime.min.replace(tzinfo=self.head.tzinfo)
+        return (self.running, self.last_claimed or never, self.head, self.owner_id)
+
+
+def _in_queue(job: type[Job] | Job) -> tuple:
+    return (
+        job.hardware == bindparam("hardware"),
+        job.framework == bindparam("framework"),
+        job.devices == bindparam("devices"),
+    )
+
+
+# Built once: every claim, and every look at a queued job, runs it. Each part reads an index:
+# the queued jobs of the queue by key (ix_jobs_queued_by_owner), each waiting key's running jobs
+# (ix_jobs_owner_id_status) and its latest claim in the queue (ix_jobs_owner_queue_started).
+# `before`: each key's queued jobs created before the one asked about (at the same instant the
+# id breaks the tie, as in the job list): for that job's key, the jobs of its own ahead of it.
+_BEFORE = or_(
+    Job.created_at < bindparam("created_at"), and_(Job.created_at == bindparam("created_at"), Job.id < bindparam("id"))
+)
+_waiting = (
+    select(
+        Job.owner_id,
+        func.count().label("waiting"),
+        func.min(Job.created_at).label("head"),
+        func.count().filter(_BEFORE).label("before"),
+    )
+    .where(Job.status == _QUEUED, *_in_queue(Job))
+    .group_by(Job.owner_id)
+    .subquery()
+)
+_other = aliased(Job)
+_TURNS = select(
+    _waiting.c.owner_id,
+    _waiting.c.waiting,
+    _waiting.c.head,
+    _waiting.c.before,
+    select(func.count())
+    .where(_other.owner_id == _waiting.c.owner_id, _other.status == JobStatus.RUNNING.value, *_in_queue(_other))
+    .scalar_subquery()
+    .label("busy"),
+    select(func.max(_other.started_at))
+    .where(_other.owner_id == _waiting.c.owner_id, *_in_queue(_other))
+    .scalar_subquery()
+    .label("last_claimed"),
+)
+_OLDEST_OF_OWNER = (
+    select(Job.id)
+    .where(Job.status == _QUEUED, Job.owner_id == bindparam("owner_id"), *_in_queue(Job))
+    .order_by(Job.created_at, Job.id)
+    .limit(1)
+)
+
+
+def _queue(hardware: str, framework: str, devices: int) -> dict:
+    return {"hardware": hardware, "framework": framework, "devices": devices}
+
+
+def turns(session: Session, hardware: str, framework: str, devices: int = 1, job: Job | None = None) -> list[Turn]:
+    """The keys with jobs queued in the queue, the one served next first; with `job`, each turn's
+    `before` counts the key's queued jobs created before it."""
+    moment = (job.created_at, job.id or "") if job is not None else (datetime.max.replace(tzinfo=UTC), "")
+    params = {**_queue(hardware, framework, devices), "created_at": moment[0], "id": moment[1]}
+    found = [
+        Turn(
+            row.owner_id,
+            row.waiting,
+            aware(row.head),
+            row.busy,
+            aware(row.last_claimed) if row.last_claimed else None,
+            row.before,
+        )
+        for row in session.execute(_TURNS, params)
+    ]
+    return sorted(found, key=Turn.order)
+
+
+def next_job(session: Session, hardware: str, framework: str, devices: int = 1) -> str | None:
+    """The id of the queued job of the queue that runs next, or None when none waits."""
+    waiting = turns(session, hardware, framework, devices)
+    if not waiting:
+        return None
+    return session.scalar(_OLDEST_OF_OWNER, {**_queue(hardware, framework, devices), "owner_id": waiting[0].owner_id})
+
+
+def position(session: Session, job: Job) -> int:
+    """1 when `job` (queued, stored or about to be) runs next in its queue, 2 when one job comes
+    first, and so on, by the round-robin order of the module docstring. One query."""
+    waiting = turns(session, job.hardware, job.framework, job.devices or 1, job=job)
+    own = next((turn for turn in waiting if turn.owner_id == job.owner_id), None)
+    if own is None:  # its key's first job in the queue, not yet stored
+        own = Turn(job.owner_id, 1, aware(job.created_at), 0, None, 0)
+        waiting = sorted([*waiting, own], key=Turn.order)
+    rank = own.before + 1  # its round: it is the rank-th queued job of its key
+    own_turn = waiting.index(own)
+    ahead = rank - 1
+    for index, turn in enumerate(waiting):
+        if turn is not own:
+            # every other key's jobs of the earlier rounds, and this round's of the keys before it
+            ahead += min(turn.queued, rank - 1) + (turn.queued >= rank and index < own_turn)
+    return ahead + 1

@@ -1,0 +1,133 @@
+"""Within a queue the next job is taken fairly across keys (app/scheduling.py), queue positions
+and waiting reasons say where a job really stands, and a message is a turn in its queue that
+the reconciler counts as such. Real PostgreSQL and Redis; the worker is runner.claim/finish."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import redis
+from sqlalchemy import select, text, update
+
+DIGITS = {"framework": "jax", "dataset": {"name": "digits"}, "epochs": 1}
+WORKER = {"name": "test:fair", "hostname": "test", "hardware": "cpu", "devices": ["cpu:0"], "versions": {}}
+
+
+@pytest.fixture(autouse=True)
+def no_waiting_jobs(services_env):
+    """Only this test's jobs wait: earlier tests' are ended."""
+    from app.db import session_scope
+
+    with session_scope() as session:
+        session.execute(text("UPDATE jobs SET status = 'cancelled' WHERE status IN ('queued', 'running')"))
+        session.commit()
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def submit(api, headers: dict, count: int, **spec) -> list[str]:
+    return [api.post("/jobs", json={**DIGITS, **spec, "seed": i}, headers=headers).json()["id"] for i in range(count)]
+
+
+def run_one(turn_of: str) -> str:
+    """One worker takes the turn of `turn_of`'s message, runs the job it claims to the end."""
+    from app import lifecycle
+    from app.db import session_scope
+    from app.lifecycle import JobStatus
+    from workers import runner
+
+    claimed = runner.claim(turn_of, WORKER)
+    assert claimed is not None
+    job_id, _, attempt = claimed
+    with session_scope() as session:
+        assert lifecycle.finish(session, job_id, attempt, JobStatus.SUCCEEDED)
+    return job_id
+
+
+def test_one_keys_many_jobs_do_not_hold_the_queue_and_positions_tell_the_order(api, make_key):
+    alice, bob = bearer(make_key("alice")), bearer(make_key("bob"))
+    hers = submit(api, alice, 4)
+    his = submit(api, bob, 2)  # after all of hers
+    # Before any runs: her first, his first, her second, his second, then the rest of hers.
+    expected = [hers[0], his[0], hers[1], his[1], hers[2], hers[3]]
+    positions = {job_id: api.get(f"/jobs/{job_id}", headers=alice if job_id in hers else bob).json()
+                 for job_id in hers + his}
+    assert sorted(expected, key=lambda j: positions[j]["queue_position"]) == expected
+    assert [positions[j]["queue_position"] for j in expected] == [1, 2, 3, 4, 5, 6]
+    assert positions[his[1]]["waiting_reason"] in (
+        "no online worker serves cpu.jax", "waiting for a free worker on cpu.jax (3 job(s) ahead)")
+
+    # One worker, every message's turn in order of arrival (all of hers first): fair all the same.
+    ran = [run_one(turn_of) for turn_of in hers + his]
+    assert ran == expected
+
+
+def test_a_key_running_a_job_waits_behind_keys_running_none(api, make_key):
+    alice, bob = bearer(make_key("alice")), bearer(make_key("bob"))
+    hers = submit(api, alice, 3)
+    from workers import runner
+
+    first = runner.claim(hers[0], WORKER)  # her first job runs on one worker, and goes on running
+    assert first is not None and first[0] == hers[0]
+    his = submit(api, bob, 1)
+    assert api.get(f"/jobs/{his[0]}", headers=bob).json()["queue_position"] == 1
+    assert api.get(f"/jobs/{hers[1]}", headers=alice).json()["queue_position"] == 2
+    second = runner.claim(hers[1], {**WORKER, "name": "test:fair2"})  # her message, his turn
+    assert second is not None and second[0] == his[0]
+
+
+def test_queues_are_shared_fairly_each_on_its_own(api, make_key):
+    alice, bob = bearer(make_key("alice")), bearer(make_key("bob"))
+    hers = submit(api, alice, 2)
+    his_torch = submit(api, bob, 1, framework="pytorch")
+    # Another queue's jobs neither go first nor count ahead.
+    assert api.get(f"/jobs/{hers[0]}", headers=alice).json()["queue_position"] == 1
+    assert api.get(f"/jobs/{his_torch[0]}", headers=bob).json()["queue_position"] == 1
+    assert run_one(hers[1]) == hers[0]
+    assert run_one(his_torch[0]) == his_torch[0]
+
+
+def test_a_stale_message_takes_a_waiting_jobs_turn_and_the_last_one_finds_none(api, auth):
+    cancelled, waiting = submit(api, auth, 2)
+    api.post(f"/jobs/{cancelled}/cancel", headers=auth)
+    assert run_one(cancelled) == waiting  # the cancelled job's message is still a turn
+    from workers import runner
+
+    assert runner.run(waiting, WORKER, serves=["cpu.jax"]) == "skipped"  # no job waits: nothing runs
+
+
+def test_the_reconciler_counts_a_spare_turn_and_resends_only_what_no_turn_covers(api, make_key, services_env):
+    from app.db import session_scope
+    from app.models import Job
+    from workers import reconciler, runner
+
+    alice, bob = bearer(make_key("alice")), bearer(make_key("bob"))
+    hers = submit(api, alice, 2)
+    his = submit(api, bob, 1)
+    client = redis.Redis.from_url(services_env["TRAINHUB_BROKER_URL"])
+    with session_scope() as session:  # sent long enough ago that their messages must be there
+        session.execute(update(Job).where(Job.id.in_(hers + his)).values(
+            enqueued_at=Job.enqueued_at - timedelta(seconds=reconciler.MESSAGE_GRACE_S + 1)))
+        session.commit()
+    # A worker takes her second job's message and claims the job next in turn, her first: her
+    # second job keeps no message of its own, and her first's (still in the list) is spare.
+    taken = client.lrem("cpu.jax", 1, next(m for m in client.lrange("cpu.jax", 0, -1) if hers[1].encode() in m))
+    assert taken == 1
+    assert runner.claim(hers[1], WORKER)[0] == hers[0]  # her first is older: its turn comes first
+    reconciler.resend_lost_messages()
+    # Queued: her second (no message). Waiting in the list: her first's (running) and his (queued).
+    # Her first's message is a spare turn that will claim her second: nothing is sent again.
+    assert client.llen("cpu.jax") == 2
+    client.delete(reconciler.SCAN_LOCK)
+
+    client.delete("cpu.jax")  # the broker loses both: now two queued jobs have no turn at all
+    reconciler.resend_lost_messages()
+    messages = client.lrange("cpu.jax", 0, -1)
+    assert len(messages) == 2
+    with session_scope() as session:
+        queued = set(session.scalars(select(Job.id).where(Job.status == "queued")))
+    assert queued == {hers[1], his[0]}
+    assert all(any(job_id.encode() in m for m in messages) for job_id in queued)

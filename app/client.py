@@ -161,6 +161,34 @@ class TrainhubClient:
             lambda: self.get_comparison(comparison_id), f"comparison {comparison_id}", poll_s, timeout_s, on_update
         )
 
+    def sweep(self, spec: dict) -> dict:
+        """POST /sweeps: a hyperparameter search over `spec["space"]` of `spec["base"]`."""
+        return self._request("POST", "/sweeps", json=spec)
+
+    def sweeps(self, limit: int = 20) -> builtins.list[dict]:
+        """GET /sweeps: the caller's sweeps, newest first."""
+        return self._request("GET", "/sweeps", params={"limit": limit})["items"]
+
+    def get_sweep(self, sweep_id: str) -> dict:
+        return self._request("GET", f"/sweeps/{_segment(sweep_id)}")
+
+    def trials(self, sweep_id: str) -> builtins.list[dict]:
+        """GET /sweeps/{id}/trials: every trial with its parameters, job, status and objective."""
+        return self._request("GET", f"/sweeps/{_segment(sweep_id)}/trials")["items"]
+
+    def cancel_sweep(self, sweep_id: str) -> dict:
+        return self._request("POST", f"/sweeps/{_segment(sweep_id)}/cancel")
+
+    def wait_sweep(
+        self,
+        sweep_id: str,
+        poll_s: float = 1.0,
+        timeout_s: float | None = None,
+        on_update: Callable[[dict], None] | None = None,
+    ) -> dict:
+        """Poll until the sweep ends (every trial ended); the final Sweep."""
+        return self._poll(lambda: self.get_sweep(sweep_id), f"sweep {sweep_id}", poll_s, timeout_s, on_update)
+
     @staticmethod
     def _poll(
         fetch: Callable[[], dict],

@@ -179,7 +179,7 @@ MAX_ERRORS = 20
 
 
 # The routes whose refused bodies count towards the key's per-minute rate (limits.record_rejection).
-SUBMISSIONS = ("/jobs", "/comparisons")
+SUBMISSIONS = ("/jobs", "/comparisons", "/sweeps")
 
 
 def _count_rejection(request: Request) -> None:

@@ -263,6 +263,15 @@ def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Se
         raise error
 
 
+def queued_room(session: Session, owner: Caller, settings: Settings | None = None) -> int:
+    """How many more jobs the key may queue now (max_queued_jobs_per_key less its queued jobs):
+    a sweep starts at most that many trials at a turn, and waits for room for the rest."""
+    s = settings or get_settings()
+    since = utcnow() - timedelta(seconds=RATE_WINDOW_S)
+    queued = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()[0]
+    return max(0, s.max_queued_jobs_per_key - queued)
+
+
 def check_rate(session: Session, owner: Caller, settings: Settings | None = None) -> None:
     """QuotaExceeded (with Retry-After) when the key already used its submissions of the minute,
     created or refused: asked before a submission's body is validated, so a key sending invalid

@@ -12,7 +12,20 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api import artifacts, comparisons, dashboard, datasets, docs, events, health, jobs, metrics, models, workers
+from app.api import (
+    artifacts,
+    comparisons,
+    dashboard,
+    datasets,
+    docs,
+    events,
+    health,
+    jobs,
+    metrics,
+    models,
+    sweeps,
+    workers,
+)
 from app.config import get_settings
 from app.db import migrate
 from app.errors import (
@@ -55,6 +68,7 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(artifacts.router)
     app.include_router(comparisons.router)
+    app.include_router(sweeps.router)
     app.include_router(datasets.router)
     app.include_router(models.router)
     app.include_router(events.router)

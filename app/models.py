@@ -99,6 +99,11 @@ class Job(Base):
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The uploaded dataset it trains on (spec.dataset.id): deleting one waits for its active jobs.
     dataset_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    # A sweep's trial: the sweep, the trial's number in its Optuna study, the values the trial
+    # set ({dotted path: value}). (sweep_id, trial_number, framework) is unique: no trial twice.
+    sweep_id: Mapped[str | None] = mapped_column(ForeignKey("sweeps.id"), index=True)
+    trial_number: Mapped[int | None] = mapped_column(Integer)
+    trial_params: Mapped[dict | None] = mapped_column(JSON)
 
     metrics: Mapped[list[EpochMetric]] = relationship(
         order_by="EpochMetric.epoch", cascade="all, delete-orphan", lazy="selectin"
@@ -109,6 +114,7 @@ class Job(Base):
 
     __table_args__ = (
         UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency"),
+        UniqueConstraint("sweep_id", "trial_number", "framework", name="uq_jobs_sweep_trial"),
         Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),  # a key's recent jobs (rate limit)
         Index("ix_jobs_owner_id_status", "owner_id", "status"),  # a key's queued jobs (quota)
         # The queued jobs of a queue by key, oldest first (app/scheduling.py: the next job, and
@@ -234,6 +240,26 @@ class Dataset(Base):
         UniqueConstraint("owner_id", "sha256", name="uq_datasets_owner_sha256"),
         Index("ix_datasets_owner_id_created_at", "owner_id", "created_at"),
     )
+
+
+class Sweep(Base):
+    """A hyperparameter search: its spec (app/sweeps/spec.py), status and when it ended. Its
+    trials are jobs (Job.sweep_id); its Optuna study, named by the sweep's id, lives in the same
+    database (app/sweeps/study.py)."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    name: Mapped[str | None] = mapped_column(String(200))
+    spec: Mapped[dict] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Last time a process took the sweep's turn (app/sweeps/service.advance): its row lock.
+    advanced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_sweeps_owner_id_created_at", "owner_id", "created_at"),)
 
 
 class Comparison(Base):

@@ -94,12 +94,18 @@ def job(
             "metrics": [metric(m) for m in row.metrics] if started else [],
             "timings": row.timings,
             "result": row.result,
-            "error": row.error,
+            "error": row.error if row.status != JobStatus.PRUNED else None,
             "artifacts": [artifact(a, f"{url}/jobs/{row.id}/artifacts/{a.name}") for a in row.artifacts]
             if started
             else [],
             "worker": job_worker(row.worker, admin),
             "model": model_summary(json.dumps(row.spec, sort_keys=True)),
+            "sweep": {"id": row.sweep_id, "trial": row.trial_number, "params": row.trial_params or {}}
+            if row.sweep_id
+            else None,
+            JobStatus.PRUNED.value: {"epoch": row.error.get("epoch", row.epoch), "reason": row.error.get("message", "")}
+            if row.status == JobStatus.PRUNED and row.error
+            else None,
         }
     )
 

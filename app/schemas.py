@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, PlainSerializer
 
@@ -71,6 +71,19 @@ class ModelSummary(BaseModel):
     flops_per_example: int
 
 
+class TrialOf(BaseModel):
+    """A trial's sweep, its number there and the values it set ({dotted path: value})."""
+
+    id: str
+    trial: int
+    params: dict[str, Any]
+
+
+class Pruned(BaseModel):
+    epoch: int = Field(description="The last epoch it ran.")
+    reason: str
+
+
 class Job(BaseModel):
     """A job as stored: its spec, state, timings (seconds), metrics and artifacts."""
 
@@ -95,6 +108,8 @@ class Job(BaseModel):
     artifacts: list[ArtifactInfo]
     worker: dict | None
     model: ModelSummary | None = None
+    sweep: TrialOf | None = Field(None, description="The sweep this job is a trial of, when it is one.")
+    pruned: Pruned | None = Field(None, description="Where and why the sweep's pruner stopped it (status pruned).")
 
 
 class JobPage(BaseModel):

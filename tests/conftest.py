@@ -27,8 +27,10 @@ def reset_caches() -> None:
     """Forget cached settings, engines, the Celery app and the online queues, so a changed
     environment (and the heartbeats a test wrote) apply."""
     from app import config, db, jobs, queue
+    from app.sweeps import study
 
     config.get_settings.cache_clear()
+    study.get_storage.cache_clear()
     db.get_engine.cache_clear()
     db.get_sessionmaker.cache_clear()
     db.get_reader_sessionmaker.cache_clear()
@@ -46,6 +48,7 @@ def database_url() -> str:
     try:
         with engine.begin() as connection:
             connection.execute(text("DROP SCHEMA public CASCADE"))
+            connection.execute(text("DROP SCHEMA IF EXISTS optuna CASCADE"))  # sweeps' studies
             connection.execute(text("CREATE SCHEMA public"))
     except Exception as exc:
         _unavailable("PostgreSQL", exc)

@@ -9,7 +9,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STATUSES = {"queued", "running", "succeeded", "failed", "cancelled"}
+STATUSES = {"queued", "running", "succeeded", "failed", "cancelled", "pruned"}
 # Where the status values and the row transitions are defined.
 STATUS_HOMES = {"app/status.py", "app/lifecycle.py", "app/schemas.py"}
 

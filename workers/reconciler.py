@@ -17,6 +17,8 @@ once are harmless.
    waiting job all the same. One worker at a time scans (a lock in Redis), and a resent job is
    stamped, so it is sent once. A duplicate message would still be harmless: the claim is a
    compare-and-set on the row.
+4. Sweeps: every running sweep's turn is taken (app/sweeps/service.advance), which repairs what
+   a crash between a trial's end and its sweep's turn left undone.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from app.db import session_scope
 from app.lifecycle import JobStatus
 from app.models import Job, Worker, aware, utcnow
 from app.rendering import worker_alias
+from app.sweeps import service as sweeps
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ def reconcile() -> None:
     requeue_lost_jobs()
     send_unsent_jobs()
     resend_lost_messages()
+    sweeps.advance_running()
 
 
 def requeue_lost_jobs() -> None:

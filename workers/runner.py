@@ -29,6 +29,7 @@ from app.config import get_settings
 from app.db import is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
+from app.sweeps import service as sweeps
 from trainers.spec import JobSpec
 from workers import comparisons, dataset_cache
 
@@ -79,6 +80,13 @@ def run(
             return finish(job_id, attempt, JobStatus.CANCELLED)
         if stop.reason == "shutdown":
             return release(job_id, attempt)
+        if isinstance(stop, Pruned):
+            return finish(
+                job_id,
+                attempt,
+                JobStatus.PRUNED,
+                error={"type": JobStatus.PRUNED.value, "message": str(stop), "epoch": stop.epoch},
+            )
         if stop.reason == "superseded":
             log.warning("job %s was handed to another worker; this attempt (%d) stops", job_id, attempt)
             return "superseded"
@@ -111,7 +119,7 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
     """Fit the claimed job, store its artifacts and end it succeeded."""
     spec, created_at = retrying(lambda: read_spec(job_id))
     workdir = get_settings().resolved_artifact_dir() / job_id
-    hooks = JobHooks(job_id, attempt, spec.max_runtime_s)
+    hooks = JobHooks(job_id, attempt, spec.max_runtime_s, retrying(lambda: trial_hook(job_id)))
     dataset_file, data_timings = dataset_cache.fetch_for(spec)
     result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop, run_options(dataset_file))
     retrying(lambda: store_artifacts(job_id, workdir, result.artifacts))
@@ -147,6 +155,22 @@ def read_spec(job_id: str) -> tuple[JobSpec, datetime]:
         job = session.get(Job, job_id)
         assert job is not None  # this worker claimed it, and jobs are never deleted
         return JobSpec.model_validate(job.spec), job.created_at
+
+
+def trial_hook(job_id: str) -> sweeps.TrialHook | None:
+    """What the job asks its sweep after each epoch, when it is a sweep's trial."""
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        assert job is not None  # this worker claimed it
+        return sweeps.TrialHook.of(job)
+
+
+class Pruned(trainers.StopTraining):
+    """The sweep's pruner stopped the trial after `epoch` (its metrics are recorded)."""
+
+    def __init__(self, epoch: int, reason: str) -> None:
+        super().__init__(JobStatus.PRUNED, reason)
+        self.epoch = epoch
 
 
 def serves_job(job_id: str, serves: list[str]) -> bool:
@@ -189,11 +213,15 @@ def claim(turn_of: str, worker: dict, on_pick: Callable[[str], None] | None = No
 
 
 class JobHooks:
-    """The trainer's callbacks for one job: record each epoch, honour cancel and max_runtime_s."""
+    """The trainer's callbacks for one job: record each epoch, honour cancel and max_runtime_s,
+    and for a sweep's trial report the epoch's objective and stop when the pruner says so."""
 
-    def __init__(self, job_id: str, attempt: int, max_runtime_s: float | None) -> None:
+    def __init__(
+        self, job_id: str, attempt: int, max_runtime_s: float | None, trial: sweeps.TrialHook | None = None
+    ) -> None:
         self.job_id = job_id
         self.attempt = attempt
+        self.trial = trial
         self.deadline = time.monotonic() + max_runtime_s if max_runtime_s else None
         self.max_runtime_s = max_runtime_s
         self.last_poll = 0.0
@@ -203,6 +231,11 @@ class JobHooks:
         through a database outage (training waits for it)."""
         retrying(lambda: self._record(epoch, metrics))
         self.should_stop(force=True)
+        if self.trial is not None:
+            trial = self.trial
+            reason = retrying(lambda: trial.after_epoch(epoch, metrics.to_dict()))
+            if reason is not None:
+                raise Pruned(epoch, reason)
 
     def _record(self, epoch: int, metrics: trainers.EpochMetrics) -> None:
         with session_scope() as session:
@@ -308,6 +341,10 @@ def finish(job_id: str, attempt: int, status: JobStatus, **values: object) -> st
         status = JobStatus.FAILED
         retrying(attempt_finish)
     log.info("job %s %s", job_id, status)
+    try:
+        retrying(lambda: sweeps.settle(job_id))
+    except Exception:  # the reconciler takes the sweep's turn later
+        log.exception("job %s: its sweep's turn failed; the reconciler takes it later", job_id)
     return status
 
 

@@ -1,0 +1,70 @@
+"""Routes of the `sweeps` resource: a hyperparameter search whose trials are jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response, status
+
+from app import jobs
+from app.api import json_response
+from app.deps import CurrentUser, SessionDep, Submitter
+from app.errors import responses
+from app.models import Sweep as SweepRow
+from app.sweeps import service, validate
+from app.sweeps.spec import Sweep, SweepPage, SweepSpec, TrialPage
+
+router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=responses(401, 404, 413, 503))
+
+
+def owned_sweep(session: SessionDep, user: CurrentUser, sweep_id: str) -> SweepRow:
+    sweep = service.get_sweep(session, user, sweep_id)
+    if sweep is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, jobs.not_found_message("sweep", sweep_id))
+    return sweep
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Sweep, responses=responses(429))
+def create_sweep(spec: SweepSpec, session: SessionDep, user: Submitter) -> Response:
+    """Search the `space` of fields of the `base` job spec: trials are jobs, `parallelism` of
+    them queued or running at once, until `max_trials` (or `max_total_s` of train time) is
+    spent; with `early_stopping`, trials doing worse than the others at the same epoch end
+    `pruned`. Every value of every dimension must make a job the server accepts (422 naming the
+    dimension otherwise); the first trials count against the key's queued-jobs quota (429)."""
+    base = validate.resolve_base(session, user, spec)
+    validate.check(spec, base)
+    sweep = service.create_sweep(session, user, spec, base)
+    return json_response(
+        service.render(session, sweep), status.HTTP_201_CREATED, headers={"Location": f"/sweeps/{sweep.id}"}
+    )
+
+
+@router.get("", response_model=SweepPage)
+def list_sweeps(session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> Response:
+    """The caller's sweeps, newest first."""
+    return json_response(
+        SweepPage(items=[service.render(session, s) for s in service.list_sweeps(session, user, limit)])
+    )
+
+
+@router.get("/{sweep_id}", response_model=Sweep)
+def read_sweep(sweep_id: str, session: SessionDep, user: CurrentUser) -> Response:
+    """Status, trials by status, the best completed trial and its parameters, the budget used."""
+    return json_response(service.render(session, owned_sweep(session, user, sweep_id)))
+
+
+@router.get("/{sweep_id}/trials", response_model=TrialPage)
+def read_trials(sweep_id: str, session: SessionDep, user: CurrentUser) -> Response:
+    """Every trial in order: its parameters, job, status, objective and epochs run."""
+    sweep = owned_sweep(session, user, sweep_id)
+    spec = SweepSpec.model_validate(sweep.spec)
+    return json_response(TrialPage(items=[service.trial(spec, job) for job in service.trial_jobs(session, sweep.id)]))
+
+
+@router.post("/{sweep_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Sweep)
+def cancel_sweep(sweep_id: str, session: SessionDep, user: CurrentUser) -> Response:
+    """End the sweep: no new trial starts, queued trials are cancelled at once and running ones
+    at their next step chunk. A sweep that already ended is answered as it is."""
+    sweep = owned_sweep(session, user, sweep_id)
+    service.cancel_sweep(session, sweep)
+    return json_response(service.render(session, sweep), status.HTTP_202_ACCEPTED)

@@ -1,0 +1,278 @@
+"""Sweeps: created, advanced, their trials reported and pruned, cancelled, found and rendered.
+
+A sweep's trials are ordinary jobs (Job.sweep_id, trial_number, trial_params). `advance` is the
+one place that starts trials and ends sweeps. It runs under the sweep's row lock, so one process
+at a time takes the sweep's turn, and it is safe to call from anywhere at any time: the API
+calls it at creation, a worker after each trial's job ends, and the reconciler for every running
+sweep. Each turn first brings the study in line with the jobs (an ended job's trial is told to
+Optuna; a trial Optuna started but whose job was never stored, because its process died between
+the two, is failed), so a crash anywhere loses no trial and starts none twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app import jobs, limits
+from app.config import get_settings
+from app.db import session_scope
+from app.keys import Caller
+from app.models import Job, Sweep
+from app.status import ACTIVE, JobStatus, SweepStatus
+from app.sweeps import lifecycle, study
+from app.sweeps.spec import Budget, SweepSpec, Trial, TrialCounts
+from app.sweeps.spec import Sweep as SweepOut
+from app.sweeps.validate import trial_spec
+from trainers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+# How a trial's job ended, as the study's TrialState.
+ENDED_AS = {
+    JobStatus.SUCCEEDED: "COMPLETE",
+    JobStatus.PRUNED: "PRUNED",
+    JobStatus.FAILED: "FAIL",
+    JobStatus.CANCELLED: "FAIL",
+}
+
+
+def create_sweep(session: Session, owner: Caller, spec: SweepSpec, base: dict[str, Any]) -> Sweep:
+    """Store the sweep (its spec with the resolved `base`), create its study, queue its first
+    trials. Raises limits.QuotaExceeded when the key has no room for them."""
+    first = min(spec.parallelism, spec.max_trials)
+    if limits.queued_room(session, owner) < first:
+        raise limits.QuotaExceeded(
+            f"this sweep starts {first} trial(s) at once, more than this key may still queue (limit "
+            f"max_queued_jobs_per_key = {get_settings().max_queued_jobs_per_key}, set by "
+            "TRAINHUB_MAX_QUEUED_JOBS_PER_KEY): lower parallelism, or wait for queued jobs to start"
+        )
+    stored = spec.model_copy(update={"base": base})
+    sweep = Sweep(owner_id=owner.id, name=spec.name, spec=stored.model_dump(mode="json"), status=SweepStatus.RUNNING)
+    session.add(sweep)
+    session.commit()
+    study.create(sweep.id, stored)
+    advance(sweep.id)
+    session.refresh(sweep)
+    return sweep
+
+
+def advance(sweep_id: str) -> None:
+    """Take the sweep's turn (see the module docstring): sync the study with the trials' jobs;
+    then, while it runs, end it when no trial is active and none may start, or queue new trials
+    up to its parallelism, its max_trials, its max_total_s and the key's queued-jobs quota."""
+    new: list[Job] = []
+    with session_scope() as session:
+        status = lifecycle.take_turn(session, sweep_id)
+        if status is None:
+            return
+        sweep = session.get(Sweep, sweep_id)
+        assert sweep is not None  # take_turn found it
+        spec = SweepSpec.model_validate(sweep.spec)
+        trials = list(session.scalars(select(Job).where(Job.sweep_id == sweep_id)))
+        started = _sync(sweep_id, spec, trials)
+        if status != SweepStatus.RUNNING:
+            session.commit()
+            return
+        active = sum(job.status in ACTIVE for job in trials)
+        spent = _budget_spent(spec, trials)
+        wanted = 0 if spent else min(spec.parallelism - active, spec.max_trials - started)
+        if spec.method == "grid":
+            wanted = min(wanted, spec.grid_size() - started)
+        if wanted <= 0 and active == 0:
+            done = SweepStatus.SUCCEEDED if any(j.status == JobStatus.SUCCEEDED for j in trials) else SweepStatus.FAILED
+            lifecycle.finish(session, sweep_id, done)
+            session.commit()
+            log.info("sweep %s %s after %d trial(s)", sweep_id, done, started)
+            return
+        owner = Caller(id=sweep.owner_id, is_admin=False)
+        for _ in range(max(0, min(wanted, limits.queued_room(session, owner)))):
+            new.append(_new_trial(session, sweep, spec, owner))
+        session.commit()
+        for job in new:
+            jobs.enqueue(session, job)
+
+
+def _new_trial(session: Session, sweep: Sweep, spec: SweepSpec, owner: Caller) -> Job:
+    """Ask the study for a trial and store its job (flushed, not committed)."""
+    number, params = study.ask(sweep.id, spec)
+    body = trial_spec(spec.base, params)
+    label = spec.name or spec.base.get("name") or f"sweep {sweep.id[:8]}"
+    body["name"] = f"{label} trial {number}"[:200]
+    job_spec = limits.apply_limits(JobSpec.model_validate(body))
+    job = jobs.new_job(owner, JobSpec.model_validate(job_spec.model_dump()))
+    job.sweep_id, job.trial_number, job.trial_params = sweep.id, number, params
+    session.add(job)
+    session.flush()
+    return job
+
+
+def _sync(sweep_id: str, spec: SweepSpec, trials: list[Job]) -> int:
+    """Tell the study how each ended trial's job ended, and fail the trials it started that have
+    no job; return how many trials the sweep has started (those with a job)."""
+    frozen = {t.number: t for t in study.trials(sweep_id)}
+    with_jobs = {job.trial_number for job in trials}
+    for job in trials:
+        trial = frozen.get(job.trial_number)  # type: ignore[arg-type]
+        if trial is None or trial.state.is_finished() or job.status in ACTIVE:
+            continue
+        state = ENDED_AS[JobStatus(job.status)]
+        value = objective_value(spec, job) if state == "COMPLETE" else None
+        if state == "COMPLETE" and value is None:
+            state = "FAIL"  # succeeded without a finite objective: not a result to rank
+        study.tell(sweep_id, spec, job.trial_number, state, value)  # type: ignore[arg-type]
+    for number, trial in frozen.items():
+        if not trial.state.is_finished() and number not in with_jobs:
+            log.warning("sweep %s trial %d was started but its job never stored; failing it", sweep_id, number)
+            study.tell(sweep_id, spec, number, "FAIL")
+    return len(with_jobs)
+
+
+def _budget_spent(spec: SweepSpec, trials: list[Job]) -> bool:
+    return spec.max_total_s is not None and train_seconds(trials) >= spec.max_total_s
+
+
+def train_seconds(trials: list[Job]) -> float:
+    """The trials' summed train time (seconds): every epoch each of them has run."""
+    return round(sum(m.epoch_time_s for job in trials for m in job.metrics), 3)
+
+
+def objective_value(spec: SweepSpec, job: Job) -> float | None:
+    """The objective at the job's last recorded epoch; None when it has none (or not finite)."""
+    if not job.metrics:
+        return None
+    value = getattr(job.metrics[-1], spec.objective.metric)
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+# --- from the worker, while a trial runs -----------------------------------------------------------
+
+
+class TrialHook:
+    """What a trial's worker asks its sweep after each epoch: report the objective, and whether
+    to stop (the pruner's answer)."""
+
+    def __init__(self, sweep_id: str, number: int, spec: SweepSpec, epochs: int) -> None:
+        self.sweep_id, self.number, self.spec, self.epochs = sweep_id, number, spec, epochs
+
+    @classmethod
+    def of(cls, job: Job) -> TrialHook | None:
+        if job.sweep_id is None or job.trial_number is None:
+            return None
+        with session_scope() as session:
+            sweep = session.get(Sweep, job.sweep_id)
+            assert sweep is not None  # a trial's sweep is never deleted before it
+            return cls(sweep.id, job.trial_number, SweepSpec.model_validate(sweep.spec), job.epochs)
+
+    def after_epoch(self, epoch: int, metrics: dict[str, Any]) -> str | None:
+        """Report the epoch's objective; the reason to stop the trial now, or None (never after
+        its last epoch: it has ended anyway)."""
+        metric = self.spec.objective.metric
+        value = metrics.get(metric)
+        if value is None or not math.isfinite(value):
+            return None
+        stop = study.report(self.sweep_id, self.spec, self.number, epoch, float(value))
+        if not stop or epoch >= self.epochs:
+            return None
+        stopping = self.spec.early_stopping
+        assert stopping is not None  # only a pruner stops a trial
+        if stopping.method == "median":
+            why = "below the median of the earlier trials at that epoch"
+        else:
+            why = f"not among the best 1/{stopping.reduction_factor} of the trials that reached that epoch"
+        return f"pruned by {stopping.method} after epoch {epoch}: {metric} {value:.4g} was {why}"
+
+
+def settle(job_id: str) -> None:
+    """After a job ends: when it is a sweep's trial, take the sweep's turn."""
+    with session_scope() as session:
+        sweep_id = session.scalar(select(Job.sweep_id).where(Job.id == job_id))
+    if sweep_id is not None:
+        advance(sweep_id)
+
+
+def advance_running() -> None:
+    """Take the turn of every running sweep (the reconciler: repairs what a crash left undone)."""
+    with session_scope() as session:
+        running = list(session.scalars(select(Sweep.id).where(Sweep.status == SweepStatus.RUNNING)))
+    for sweep_id in running:
+        try:
+            advance(sweep_id)
+        except Exception:
+            log.exception("sweep %s: its turn failed; the next reconcile tries again", sweep_id)
+
+
+# --- from the API ------------------------------------------------------------------------------
+
+
+def get_sweep(session: Session, owner: Caller, sweep_id: str) -> Sweep | None:
+    """The owner's sweep (any for an admin key) by id or short id, as jobs.find_owned; else None."""
+    return jobs.find_owned(session, owner, Sweep, sweep_id)
+
+
+def list_sweeps(session: Session, owner: Caller, limit: int) -> list[Sweep]:
+    query = select(Sweep) if owner.is_admin else select(Sweep).where(Sweep.owner_id == owner.id)
+    return list(session.scalars(query.order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit)))
+
+
+def cancel_sweep(session: Session, sweep: Sweep) -> None:
+    """End the sweep cancelled and cancel every trial still queued or running; a trial that
+    already ended stays as it ended."""
+    lifecycle.cancel(session, sweep.id)
+    for job in session.scalars(select(Job).where(Job.sweep_id == sweep.id, Job.status.in_(ACTIVE))):
+        try:
+            jobs.cancel_job(session, job)
+        except jobs.CannotCancel:
+            pass
+    advance(sweep.id)  # queued trials ended at once: the study learns of them now
+    session.refresh(sweep)
+
+
+def trial_jobs(session: Session, sweep_id: str) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.trial_number)))
+
+
+def trial(spec: SweepSpec, job: Job) -> Trial:
+    pruned = (job.error or {}).get("epoch") if job.status == JobStatus.PRUNED else None
+    return Trial(
+        number=job.trial_number or 0,
+        params=job.trial_params or {},
+        job_id=job.id,
+        status=job.status,
+        objective=objective_value(spec, job),
+        epochs=job.epoch,
+        pruned_at_epoch=pruned,
+    )
+
+
+def render(session: Session, sweep: Sweep) -> SweepOut:
+    """The sweep's HTTP answer: counts of its trials by status, the best completed one, budget."""
+    spec = SweepSpec.model_validate(sweep.spec)
+    found = trial_jobs(session, sweep.id)
+    counts = dict(
+        session.execute(select(Job.status, func.count()).where(Job.sweep_id == sweep.id).group_by(Job.status)).all()
+    )
+    done = [trial(spec, job) for job in found if job.status == JobStatus.SUCCEEDED]
+    ranked = [t for t in done if t.objective is not None]
+    sign = 1 if spec.objective.direction == "max" else -1
+    best = max(ranked, key=lambda t: sign * t.objective, default=None)  # type: ignore[operator]
+    return SweepOut(
+        id=sweep.id,
+        status=SweepStatus(sweep.status),
+        name=sweep.name,
+        spec=spec,
+        created_at=sweep.created_at,
+        finished_at=sweep.finished_at,
+        trials=TrialCounts(**counts),
+        best=best,
+        budget=Budget(
+            trials=len({job.trial_number for job in found}),
+            max_trials=spec.max_trials,
+            train_s=train_seconds(found),
+            max_total_s=spec.max_total_s,
+        ),
+    )

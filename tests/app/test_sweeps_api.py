@@ -1,0 +1,131 @@
+"""POST /sweeps refuses what cannot run (naming the field), creates the first trials as jobs,
+and a sweep is another key's 404; trials run here through workers/runner.py on real PostgreSQL
+and Redis (the full stack with real workers is tests/e2e/test_sweeps.py)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+BASE = {"framework": "jax", "dataset": {"name": "digits"}, "epochs": 2, "batch_size": 64}
+SPACE = {"optimizer.learning_rate": {"log_uniform": [1e-3, 1e-1]}, "batch_size": {"choice": [32, 64]}}
+
+
+@pytest.fixture(autouse=True)
+def no_waiting_jobs(services_env):
+    """Only this test's jobs wait (a worker here takes the next job of its queue)."""
+    from app.db import session_scope
+
+    with session_scope() as session:
+        session.execute(text("UPDATE jobs SET status = 'cancelled' WHERE status IN ('queued', 'running')"))
+        session.execute(text("UPDATE sweeps SET status = 'cancelled' WHERE status = 'running'"))
+        session.commit()
+
+
+def sweep_body(**changes) -> dict:
+    return {"base": BASE, "space": SPACE, "max_trials": 4, "parallelism": 2, **changes}
+
+
+def where(response) -> list[tuple]:
+    assert response.status_code == 422, response.text
+    return [tuple(error["loc"]) for error in response.json()["detail"]]
+
+
+@pytest.mark.parametrize(
+    "changes,loc,says",
+    [
+        ({"space": {}}, ("body",), "space is empty"),
+        ({"space": {"optimizer.lr": {"uniform": [0.1, 0.2]}}}, ("body", "space", "optimizer.lr"),
+         "did you mean 'optimizer.learning_rate'"),
+        ({"space": {"optimizer.learning_rate": {"uniform": [0.0, 0.1]}}},
+         ("body", "space", "optimizer.learning_rate"), "value 0.0"),
+        ({"space": {"batch_size": {"choice": [32, 100000]}}}, ("body", "space", "batch_size"), "100000"),
+        ({"space": {"batch_size": {"uniform": [32, 64]}}}, ("body", "space", "batch_size"), "integer"),
+        ({"space": {"epochs": {"int_uniform": [1, 5000]}}}, ("body", "space", "epochs"), "5000"),
+        ({"space": {"framework": {"choice": ["jax", "pytorch"]}}}, ("body", "space", "framework"), "frameworks"),
+        ({"space": {"batch_size": {"uniform": [1, 2], "choice": [1]}}}, ("body", "space", "batch_size"), "exactly one"),
+        ({"space": {"optimizer.learning_rate": {"log_uniform": [0, 0.1]}}},
+         ("body", "space", "optimizer.learning_rate"), "low > 0"),
+        ({"method": "grid", "space": {"batch_size": {"grid": [16, 32, 64]}}, "max_trials": 2},
+         ("body", "max_trials"), "3 points"),
+        ({"method": "grid"}, ("body", "space", "optimizer.learning_rate"), "not a range"),
+        ({"objective": {"metric": "test_rmse", "direction": "min"}}, ("body", "objective", "metric"),
+         "not recorded for a classification"),
+        ({"objective": {"metric": "epoch_time_s"}}, ("body", "objective", "metric"), ""),
+        ({"early_stopping": {"method": "asha", "min_epochs": 2}}, ("body", "early_stopping", "min_epochs"),
+         "not below"),
+        ({"base": {**BASE, "epochs": 0}}, ("body", "base", "epochs"), ""),
+    ],
+)
+def test_a_sweep_that_cannot_run_is_422_naming_the_field_and_creates_nothing(api, auth, changes, loc, says):
+    response = api.post("/sweeps", json=sweep_body(**changes), headers=auth)
+    assert loc in where(response)
+    assert says in response.text
+    assert api.get("/sweeps", headers=auth).json()["items"] == []
+    assert api.get("/jobs", headers=auth).json()["items"] == []
+
+
+def test_a_sweep_queues_its_first_trials_as_jobs_and_is_invisible_to_other_keys(api, auth, make_key):
+    created = api.post("/sweeps", json=sweep_body(name="lr and batch"), headers=auth)
+    assert created.status_code == 201, created.text
+    sweep = created.json()
+    assert created.headers["Location"] == f"/sweeps/{sweep['id']}"
+    assert sweep["status"] == "running" and sweep["trials"]["queued"] == 2
+    assert sweep["budget"] == {"trials": 2, "max_trials": 4, "train_s": 0.0, "max_total_s": None}
+    trials = api.get(f"/sweeps/{sweep['id']}/trials", headers=auth).json()["items"]
+    assert [t["number"] for t in trials] == [0, 1]
+    for t in trials:
+        job = api.get(f"/jobs/{t['job_id']}", headers=auth).json()
+        assert job["sweep"] == {"id": sweep["id"], "trial": t["number"], "params": t["params"]}
+        assert job["spec"]["batch_size"] == t["params"]["batch_size"] in (32, 64)
+        assert job["spec"]["optimizer"]["learning_rate"] == t["params"]["optimizer.learning_rate"]
+        assert 1e-3 <= t["params"]["optimizer.learning_rate"] <= 1e-1
+        assert job["spec"]["name"] == f"lr and batch trial {t['number']}"
+    assert api.get(f"/sweeps/{sweep['id'][:8]}", headers=auth).json()["id"] == sweep["id"]  # short ids too
+
+    other = {"Authorization": f"Bearer {make_key('other')}"}
+    for path in (f"/sweeps/{sweep['id']}", f"/sweeps/{sweep['id']}/trials"):
+        assert api.get(path, headers=other).status_code == 404
+    assert api.post(f"/sweeps/{sweep['id']}/cancel", headers=other).status_code == 404
+    assert api.get("/sweeps", headers=other).json()["items"] == []
+
+    cancelled = api.post(f"/sweeps/{sweep['id']}/cancel", headers=auth)
+    assert cancelled.status_code == 202
+    assert cancelled.json()["status"] == "cancelled" and cancelled.json()["trials"]["cancelled"] == 2
+    from app.sweeps import study
+
+    assert {t.state.name for t in study.trials(sweep["id"])} == {"FAIL"}  # the study agrees with the jobs
+
+
+def test_a_sweep_needs_room_in_the_keys_queue_for_its_first_trials(api, auth, monkeypatch):
+    from app.config import get_settings
+
+    monkeypatch.setenv("TRAINHUB_MAX_QUEUED_JOBS_PER_KEY", "1")
+    get_settings.cache_clear()
+    response = api.post("/sweeps", json=sweep_body(), headers=auth)
+    assert response.status_code == 429 and "lower parallelism" in response.json()["detail"]
+    assert api.get("/sweeps", headers=auth).json()["items"] == []
+
+
+def test_trials_run_to_a_best_trial_and_the_sweep_ends_with_none_running(api, auth):
+    """A small grid run by one worker here (runner.run: claim, train, record, end): every trial
+    ends, the best is the maximum of the completed ones, and the study agrees with the jobs."""
+    from workers import runner
+
+    worker = {"name": "test:sweep", "hostname": "test", "hardware": "cpu", "devices": ["cpu:0"], "versions": {}}
+    body = sweep_body(method="grid", space={"optimizer.learning_rate": {"grid": [0.003, 0.03, 0.3]}},
+                      max_trials=3, parallelism=1, base={**BASE, "epochs": 1})
+    sweep = api.post("/sweeps", json=body, headers=auth).json()
+    for _ in range(3):
+        trial = api.get(f"/sweeps/{sweep['id']}/trials", headers=auth).json()["items"][-1]
+        assert runner.run(trial["job_id"], worker, serves=["cpu.jax"]) == "succeeded"
+    done = api.get(f"/sweeps/{sweep['id']}", headers=auth).json()
+    trials = api.get(f"/sweeps/{sweep['id']}/trials", headers=auth).json()["items"]
+    assert done["status"] == "succeeded" and done["trials"]["succeeded"] == 3 and done["finished_at"]
+    assert sorted(t["params"]["optimizer.learning_rate"] for t in trials) == [0.003, 0.03, 0.3]
+    assert done["best"]["objective"] == max(t["objective"] for t in trials)
+    assert done["budget"]["train_s"] > 0
+    from app.sweeps import study
+
+    values = {t.number: t.value for t in study.trials(sweep["id"])}
+    assert values == {t["number"]: t["objective"] for t in trials}

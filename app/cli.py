@@ -1121,6 +1121,11 @@ def _bytes(size: int | None) -> str:
     return "" if size is None else decimal(size)
 
 
+# Sweeps have their own module (it imports the helpers above when its commands run).
+from app import cli_sweeps  # noqa: E402
+
+cli_sweeps.register(cli)
+
 __all__ = ["cli", "main", "FINISHED"]
 
 

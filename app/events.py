@@ -223,7 +223,7 @@ def poll(job_id: str, last_id: int, want_reason: bool) -> tuple[JobState | None,
 _poll_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
-def _poll_slot() -> asyncio.Semaphore:
+def poll_slot() -> asyncio.Semaphore:
     loop = asyncio.get_running_loop()
     if loop not in _poll_slots:
         _poll_slots[loop] = asyncio.Semaphore(MAX_CONCURRENT_POLLS)
@@ -238,7 +238,7 @@ async def stream(job_id: str, last_id: int) -> AsyncGenerator[str, None]:
     last_write = time.monotonic()
     while True:
         want_reason = time.monotonic() >= next_reason_check
-        async with _poll_slot():
+        async with poll_slot():
             state, metrics, new_reason = await run_in_threadpool(poll, job_id, last_id, want_reason)
         if state is None:
             return

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app import jobs
 from app.config import get_settings
-from app.lifecycle import JobStatus
+from app.lifecycle import FINISHED, JobStatus
 from app.models import Artifact, Comparison, EpochMetric, Job, aware, utcnow
 from app.schemas import Comparison as ComparisonOut
 from app.schemas import Job as JobOut
@@ -162,6 +162,10 @@ def comparison_status(comparison: Comparison) -> tuple[JobStatus, dict | None]:
             }
     if any(job.status == JobStatus.CANCELLED for job in sides.values()):
         return JobStatus.CANCELLED, None
+    if any(job.status == JobStatus.PRUNED for job in sides.values()) and all(
+        job.status in FINISHED for job in sides.values()
+    ):
+        return JobStatus.PRUNED, None  # a sweep's trial in both frameworks, stopped by its pruner
     if all(job.status == JobStatus.SUCCEEDED for job in sides.values()):
         if comparison.parity is None:
             return JobStatus.RUNNING, None  # the parity check is being computed

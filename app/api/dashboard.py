@@ -73,6 +73,19 @@ def comparison_page(request: Request, comparison_id: Id) -> HTMLResponse:
     return page(request, "comparison.html", active="comparisons", comparison_id=comparison_id)
 
 
+@router.get("/ui/sweeps", response_class=HTMLResponse)
+def sweeps_page(request: Request) -> HTMLResponse:
+    """The key's sweeps: status, trials done, the best objective."""
+    return page(request, "sweeps.html", active="sweeps")
+
+
+@router.get("/ui/sweeps/{sweep_id}", response_class=HTMLResponse)
+def sweep_page(request: Request, sweep_id: Id) -> HTMLResponse:
+    """A sweep: its counts, budget and best trial, the trials best first, and the objective per
+    trial and per epoch (pruned trials marked), refreshed while it runs."""
+    return page(request, "sweep.html", active="sweeps", sweep_id=sweep_id)
+
+
 @router.get("/ui/datasets", response_class=HTMLResponse)
 def datasets_page(request: Request) -> HTMLResponse:
     """The built-in datasets and the key's uploaded ones."""

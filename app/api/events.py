@@ -38,7 +38,7 @@ def _key_is_live(key_id: str) -> bool:
         return key is not None and key.revoked_at is None
 
 
-async def _while_key_is_live(stream: AsyncGenerator[str, None], key_id: str) -> AsyncIterator[str]:
+async def while_key_is_live(stream: AsyncGenerator[str, None], key_id: str) -> AsyncIterator[str]:
     checked = time.monotonic()
     try:
         async for chunk in stream:
@@ -81,7 +81,7 @@ async def job_events(
     if full_id is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, service.not_found_message("job", job_id))
     return StreamingResponse(
-        _while_key_is_live(events.stream(full_id, events.parse_last_event_id(last_event_id)), user.id),
+        while_key_is_live(events.stream(full_id, events.parse_last_event_id(last_event_id)), user.id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -5,13 +5,18 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from app import jobs
 from app.api import json_response
+from app.api.events import while_key_is_live
+from app.db import session_scope
 from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
+from app.keys import Caller
 from app.models import Sweep as SweepRow
-from app.sweeps import service, validate
+from app.sweeps import events, service, validate
 from app.sweeps.spec import Sweep, SweepPage, SweepSpec, TrialPage
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"], responses=responses(401, 404, 413, 503))
@@ -58,7 +63,7 @@ def read_trials(sweep_id: str, session: SessionDep, user: CurrentUser) -> Respon
     """Every trial in order: its parameters, job, status, objective and epochs run."""
     sweep = owned_sweep(session, user, sweep_id)
     spec = SweepSpec.model_validate(sweep.spec)
-    return json_response(TrialPage(items=[service.trial(spec, job) for job in service.trial_jobs(session, sweep.id)]))
+    return json_response(TrialPage(items=service.trials(session, spec, service.trial_jobs(session, sweep.id))))
 
 
 @router.post("/{sweep_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=Sweep)
@@ -68,3 +73,39 @@ def cancel_sweep(sweep_id: str, session: SessionDep, user: CurrentUser) -> Respo
     sweep = owned_sweep(session, user, sweep_id)
     service.cancel_sweep(session, sweep)
     return json_response(service.render(session, sweep), status.HTTP_202_ACCEPTED)
+
+
+def _owned_id(user: Caller, sweep_id: str) -> str | None:
+    with session_scope() as session:
+        sweep = service.get_sweep(session, user, sweep_id)
+        return sweep.id if sweep is not None else None
+
+
+@router.get(
+    "/{sweep_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "`trial_start`, `trial_epoch`, `trial_end` and `sweep` events until the sweep ends.",
+        },
+        **responses(401, 404, 503),
+    },
+)
+async def sweep_events(sweep_id: str, user: CurrentUser) -> StreamingResponse:
+    """Server-sent events of a sweep, ending after it ends (see app/sweeps/events.py):
+
+    - `trial_start` `{"trial", "params", "jobs"}`, `trial_epoch` `{"trial", "epoch", "objective"}`,
+      `trial_end` `{"trial", "status", "objective", "pruned_at_epoch"}`;
+    - `sweep` `{"id", "status", "trials", "best", "budget"}` whenever those change.
+
+    A connection first gets the whole story so far; events carry no ids (a reconnect gets the
+    story again, so nothing is missed). Each trial's job has its own stream, /jobs/{id}/events."""
+    full_id = await run_in_threadpool(_owned_id, user, sweep_id)
+    if full_id is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, jobs.not_found_message("sweep", sweep_id))
+    return StreamingResponse(
+        while_key_is_live(events.stream(full_id), user.id),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

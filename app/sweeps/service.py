@@ -13,22 +13,23 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import jobs, limits
 from app.config import get_settings
 from app.db import session_scope
 from app.keys import Caller
-from app.models import Job, Sweep
+from app.models import Comparison, Job, Sweep
 from app.status import ACTIVE, JobStatus, SweepStatus
 from app.sweeps import lifecycle, study
 from app.sweeps.spec import Budget, SweepSpec, Trial, TrialCounts
 from app.sweeps.spec import Sweep as SweepOut
 from app.sweeps.validate import trial_spec
-from trainers.spec import JobSpec
+from trainers.spec import ComparisonSpec, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -73,91 +74,146 @@ def advance(sweep_id: str) -> None:
         sweep = session.get(Sweep, sweep_id)
         assert sweep is not None  # take_turn found it
         spec = SweepSpec.model_validate(sweep.spec)
-        trials = list(session.scalars(select(Job).where(Job.sweep_id == sweep_id)))
-        started = _sync(sweep_id, spec, trials)
+        trials = grouped(session.scalars(select(Job).where(Job.sweep_id == sweep_id)))
+        _sync(sweep_id, spec, trials)
         if status != SweepStatus.RUNNING:
             session.commit()
             return
-        active = sum(job.status in ACTIVE for job in trials)
+        active = sum(trial_status(group) in ACTIVE for group in trials.values())
         spent = _budget_spent(spec, trials)
-        wanted = 0 if spent else min(spec.parallelism - active, spec.max_trials - started)
+        wanted = 0 if spent else min(spec.parallelism - active, spec.max_trials - len(trials))
         if spec.method == "grid":
-            wanted = min(wanted, spec.grid_size() - started)
+            wanted = min(wanted, spec.grid_size() - len(trials))
         if wanted <= 0 and active == 0:
-            done = SweepStatus.SUCCEEDED if any(j.status == JobStatus.SUCCEEDED for j in trials) else SweepStatus.FAILED
+            completed = any(trial_status(group) == JobStatus.SUCCEEDED for group in trials.values())
+            done = SweepStatus.SUCCEEDED if completed else SweepStatus.FAILED
             lifecycle.finish(session, sweep_id, done)
             session.commit()
-            log.info("sweep %s %s after %d trial(s)", sweep_id, done, started)
+            log.info("sweep %s %s after %d trial(s)", sweep_id, done, len(trials))
             return
         owner = Caller(id=sweep.owner_id, is_admin=False)
-        for _ in range(max(0, min(wanted, limits.queued_room(session, owner)))):
-            new.append(_new_trial(session, sweep, spec, owner))
+        frameworks = spec.frameworks or [spec.base["framework"]]
+        room = limits.queued_room(session, owner) // len(frameworks)
+        for _ in range(max(0, min(wanted, room))):
+            new.extend(_new_trial(session, sweep, spec, owner, frameworks))
         session.commit()
         for job in new:
             jobs.enqueue(session, job)
 
 
-def _new_trial(session: Session, sweep: Sweep, spec: SweepSpec, owner: Caller) -> Job:
-    """Ask the study for a trial and store its job (flushed, not committed)."""
+def _new_trial(session: Session, sweep: Sweep, spec: SweepSpec, owner: Caller, frameworks: Sequence[str]) -> list[Job]:
+    """Ask the study for a trial and store its job in each framework, with a comparison when
+    there are two (flushed, not committed)."""
     number, params = study.ask(sweep.id, spec)
     body = trial_spec(spec.base, params)
     label = spec.name or spec.base.get("name") or f"sweep {sweep.id[:8]}"
     body["name"] = f"{label} trial {number}"[:200]
-    job_spec = limits.apply_limits(JobSpec.model_validate(body))
-    job = jobs.new_job(owner, JobSpec.model_validate(job_spec.model_dump()))
-    job.sweep_id, job.trial_number, job.trial_params = sweep.id, number, params
-    session.add(job)
+    made = []
+    for framework in frameworks:
+        job_spec = limits.apply_limits(JobSpec.model_validate({**body, "framework": framework}))
+        job = jobs.new_job(owner, JobSpec.model_validate(job_spec.model_dump()))
+        job.sweep_id, job.trial_number, job.trial_params = sweep.id, number, params
+        made.append(job)
+    session.add_all(made)
     session.flush()
-    return job
+    if len(made) == 2:
+        by_framework = {job.framework: job for job in made}
+        pair = ComparisonSpec.model_validate(
+            {k: v for k, v in made[0].spec.items() if k not in ("framework", "compile")}
+        )
+        session.add(
+            Comparison(
+                owner_id=owner.id,
+                spec=pair.model_dump(mode="json"),
+                jax_job_id=by_framework["jax"].id,
+                pytorch_job_id=by_framework["pytorch"].id,
+                created_at=made[0].created_at,
+            )
+        )
+        session.flush()
+    return made
 
 
-def _sync(sweep_id: str, spec: SweepSpec, trials: list[Job]) -> int:
-    """Tell the study how each ended trial's job ended, and fail the trials it started that have
-    no job; return how many trials the sweep has started (those with a job)."""
-    frozen = {t.number: t for t in study.trials(sweep_id)}
-    with_jobs = {job.trial_number for job in trials}
-    for job in trials:
-        trial = frozen.get(job.trial_number)  # type: ignore[arg-type]
-        if trial is None or trial.state.is_finished() or job.status in ACTIVE:
+def grouped(found: Iterable[Job]) -> dict[int, list[Job]]:
+    """The sweep's jobs by trial number (one job a trial, or one per framework), in order."""
+    trials: dict[int, list[Job]] = {}
+    for job in sorted(found, key=lambda j: (j.trial_number or 0, j.framework)):
+        trials.setdefault(job.trial_number or 0, []).append(job)
+    return trials
+
+
+def trial_status(group: list[Job]) -> JobStatus:
+    """A trial's status from its jobs': running or queued while one is; then pruned when one
+    was pruned (its pair is stopped too), failed or cancelled when one was, else succeeded."""
+    statuses = {JobStatus(job.status) for job in group}
+    for status in (JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.PRUNED, JobStatus.FAILED, JobStatus.CANCELLED):
+        if status in statuses:
+            return status
+    return JobStatus.SUCCEEDED
+
+
+def _sync(sweep_id: str, spec: SweepSpec, trials: dict[int, list[Job]]) -> None:
+    """Tell the study how each ended trial ended, and fail the trials it started that have no
+    job (their process died between the two)."""
+    try:
+        frozen = {t.number: t for t in study.trials(sweep_id)}
+    except KeyError:  # the API stored the sweep but died before creating its study
+        study.create(sweep_id, spec)
+        frozen = {}
+    for number, group in trials.items():
+        trial = frozen.get(number)
+        status = trial_status(group)
+        if trial is None or trial.state.is_finished() or status in ACTIVE:
             continue
-        state = ENDED_AS[JobStatus(job.status)]
-        value = objective_value(spec, job) if state == "COMPLETE" else None
+        state = ENDED_AS[status]
+        value = objective_value(spec, group) if state == "COMPLETE" else None
         if state == "COMPLETE" and value is None:
             state = "FAIL"  # succeeded without a finite objective: not a result to rank
-        study.tell(sweep_id, spec, job.trial_number, state, value)  # type: ignore[arg-type]
+        study.tell(sweep_id, spec, number, state, value)
     for number, trial in frozen.items():
-        if not trial.state.is_finished() and number not in with_jobs:
+        if not trial.state.is_finished() and number not in trials:
             log.warning("sweep %s trial %d was started but its job never stored; failing it", sweep_id, number)
             study.tell(sweep_id, spec, number, "FAIL")
-    return len(with_jobs)
 
 
-def _budget_spent(spec: SweepSpec, trials: list[Job]) -> bool:
+def _budget_spent(spec: SweepSpec, trials: dict[int, list[Job]]) -> bool:
     return spec.max_total_s is not None and train_seconds(trials) >= spec.max_total_s
 
 
-def train_seconds(trials: list[Job]) -> float:
-    """The trials' summed train time (seconds): every epoch each of them has run."""
-    return round(sum(m.epoch_time_s for job in trials for m in job.metrics), 3)
+def train_seconds(trials: dict[int, list[Job]]) -> float:
+    """The trials' summed train time (seconds): every epoch each of their jobs has run."""
+    return round(sum(m.epoch_time_s for group in trials.values() for job in group for m in job.metrics), 3)
 
 
-def objective_value(spec: SweepSpec, job: Job) -> float | None:
-    """The objective at the job's last recorded epoch; None when it has none (or not finite)."""
-    if not job.metrics:
+def job_objective(spec: SweepSpec, job: Job, epoch: int | None = None) -> float | None:
+    """The objective of the job at `epoch` (default: its last recorded one); None when it has
+    none there (or it is not finite)."""
+    rows = [m for m in job.metrics if epoch is None or m.epoch == epoch]
+    if not rows:
         return None
-    value = getattr(job.metrics[-1], spec.objective.metric)
+    value = getattr(rows[-1], spec.objective.metric)
     return float(value) if value is not None and math.isfinite(value) else None
+
+
+def objective_value(spec: SweepSpec, group: list[Job]) -> float | None:
+    """A trial's objective: its job's, or the mean of its two jobs' (None unless each has one)."""
+    values = [job_objective(spec, job) for job in group]
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)  # type: ignore[arg-type]
 
 
 # --- from the worker, while a trial runs -----------------------------------------------------------
 
 
 class TrialHook:
-    """What a trial's worker asks its sweep after each epoch: report the objective, and whether
-    to stop (the pruner's answer)."""
+    """What a trial's job asks its sweep after each epoch: report the objective, and whether to
+    stop (the pruner's answer). A trial in both frameworks reports the mean of its two jobs'
+    objectives at an epoch once both have run it, and a job stops when its pair was pruned."""
 
-    def __init__(self, sweep_id: str, number: int, spec: SweepSpec, epochs: int) -> None:
-        self.sweep_id, self.number, self.spec, self.epochs = sweep_id, number, spec, epochs
+    def __init__(self, job_id: str, sweep_id: str, number: int, spec: SweepSpec, epochs: int) -> None:
+        self.job_id, self.sweep_id, self.number, self.spec, self.epochs = job_id, sweep_id, number, spec, epochs
+        self.paired = bool(spec.frameworks and len(spec.frameworks) == 2)
 
     @classmethod
     def of(cls, job: Job) -> TrialHook | None:
@@ -166,7 +222,7 @@ class TrialHook:
         with session_scope() as session:
             sweep = session.get(Sweep, job.sweep_id)
             assert sweep is not None  # a trial's sweep is never deleted before it
-            return cls(sweep.id, job.trial_number, SweepSpec.model_validate(sweep.spec), job.epochs)
+            return cls(job.id, sweep.id, job.trial_number, SweepSpec.model_validate(sweep.spec), job.epochs)
 
     def after_epoch(self, epoch: int, metrics: dict[str, Any]) -> str | None:
         """Report the epoch's objective; the reason to stop the trial now, or None (never after
@@ -175,6 +231,20 @@ class TrialHook:
         value = metrics.get(metric)
         if value is None or not math.isfinite(value):
             return None
+        if self.paired:
+            with session_scope() as session:
+                pair = session.scalars(
+                    select(Job).where(
+                        Job.sweep_id == self.sweep_id, Job.trial_number == self.number, Job.id != self.job_id
+                    )
+                ).one()
+                if pair.status == JobStatus.PRUNED:
+                    stopped_at = (pair.error or {}).get("epoch", pair.epoch)
+                    return f"its {pair.framework} pair was pruned after epoch {stopped_at}"
+                other = job_objective(self.spec, pair, epoch)
+            if other is None:
+                return None  # the pair reports the mean when it reaches this epoch
+            value, metric = (value + other) / 2, f"the mean {metric} of both frameworks"
         stop = study.report(self.sweep_id, self.spec, self.number, epoch, float(value))
         if not stop or epoch >= self.epochs:
             return None
@@ -232,32 +302,48 @@ def cancel_sweep(session: Session, sweep: Sweep) -> None:
     session.refresh(sweep)
 
 
-def trial_jobs(session: Session, sweep_id: str) -> list[Job]:
-    return list(session.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.trial_number)))
+def trial_jobs(session: Session, sweep_id: str) -> dict[int, list[Job]]:
+    """The sweep's jobs by trial number, in order."""
+    return grouped(session.scalars(select(Job).where(Job.sweep_id == sweep_id)))
 
 
-def trial(spec: SweepSpec, job: Job) -> Trial:
-    pruned = (job.error or {}).get("epoch") if job.status == JobStatus.PRUNED else None
-    return Trial(
-        number=job.trial_number or 0,
-        params=job.trial_params or {},
-        job_id=job.id,
-        status=job.status,
-        objective=objective_value(spec, job),
-        epochs=job.epoch,
-        pruned_at_epoch=pruned,
+def trials(session: Session, spec: SweepSpec, found: dict[int, list[Job]]) -> list[Trial]:
+    """The sweep's trials as the HTTP Trial, in order."""
+    jax_ids = [job.id for group in found.values() for job in group if len(group) == 2 and job.framework == "jax"]
+    pairs = dict(
+        session.execute(select(Comparison.jax_job_id, Comparison.id).where(Comparison.jax_job_id.in_(jax_ids))).all()
+        if jax_ids
+        else ()
     )
+    made = []
+    for number, group in found.items():
+        status = trial_status(group)
+        pruned = [job for job in group if job.status == JobStatus.PRUNED]
+        made.append(
+            Trial(
+                number=number,
+                params=group[0].trial_params or {},
+                job_id=group[0].id,
+                jobs={job.framework: job.id for job in group},
+                comparison_id=next((pairs[job.id] for job in group if job.id in pairs), None),
+                status=status,
+                objective=objective_value(spec, group),
+                epochs=min(job.epoch for job in group),
+                pruned_at_epoch=(pruned[0].error or {}).get("epoch", pruned[0].epoch) if pruned else None,
+            )
+        )
+    return made
 
 
 def render(session: Session, sweep: Sweep) -> SweepOut:
     """The sweep's HTTP answer: counts of its trials by status, the best completed one, budget."""
     spec = SweepSpec.model_validate(sweep.spec)
     found = trial_jobs(session, sweep.id)
-    counts = dict(
-        session.execute(select(Job.status, func.count()).where(Job.sweep_id == sweep.id).group_by(Job.status)).all()
-    )
-    done = [trial(spec, job) for job in found if job.status == JobStatus.SUCCEEDED]
-    ranked = [t for t in done if t.objective is not None]
+    listed = trials(session, spec, found)
+    counts: dict[str, int] = {}
+    for t in listed:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    ranked = [t for t in listed if t.status == JobStatus.SUCCEEDED and t.objective is not None]
     sign = 1 if spec.objective.direction == "max" else -1
     best = max(ranked, key=lambda t: sign * t.objective, default=None)  # type: ignore[operator]
     return SweepOut(
@@ -270,9 +356,6 @@ def render(session: Session, sweep: Sweep) -> SweepOut:
         trials=TrialCounts(**counts),
         best=best,
         budget=Budget(
-            trials=len({job.trial_number for job in found}),
-            max_trials=spec.max_trials,
-            train_s=train_seconds(found),
-            max_total_s=spec.max_total_s,
+            trials=len(found), max_trials=spec.max_trials, train_s=train_seconds(found), max_total_s=spec.max_total_s
         ),
     )

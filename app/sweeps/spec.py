@@ -124,14 +124,18 @@ class SweepSpec(_Strict):
         None, description="Budget: the trials' summed train time (seconds); no new trial starts past it."
     )
     early_stopping: EarlyStopping | None = None
-    frameworks: Annotated[list[Framework], Field(min_length=1, max_length=1)] | None = Field(
-        None, description="The framework of every trial (default: base.framework)."
+    frameworks: Annotated[list[Framework], Field(min_length=1, max_length=2)] | None = Field(
+        None,
+        description="The frameworks every trial runs in (default: [base.framework]). Both: each trial is a "
+        "comparison, judged by the mean of the two jobs' objectives.",
     )
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     name: Annotated[str, Field(max_length=200)] | None = None
 
     @model_validator(mode="after")
     def _space_size(self) -> SweepSpec:
+        if self.frameworks and len(set(self.frameworks)) != len(self.frameworks):
+            raise ValueError(f"frameworks names one twice: {self.frameworks}; use ['jax', 'pytorch'] for both")
         if not self.space:
             raise ValueError(
                 "space is empty: name at least one field to search, e.g. {'batch_size': {'choice': [32, 64]}}"
@@ -146,14 +150,17 @@ class SweepSpec(_Strict):
 
 
 class Trial(BaseModel):
-    """One trial: its number in the study, the values it set, its job, and how it did."""
+    """One trial: its number in the study, the values it set, its job (one per framework), and how
+    it did. In both frameworks it is a comparison, its objective the mean of the two jobs'."""
 
     number: int
     params: dict[str, Any]
-    job_id: str
+    job_id: str = Field(description="Its job (the first framework's when it runs in both).")
+    jobs: dict[str, str] = Field(description="framework -> job id.")
+    comparison_id: str | None = None
     status: str
     objective: float | None = Field(None, description="The objective at the trial's last recorded epoch.")
-    epochs: int = Field(description="Epochs it ran.")
+    epochs: int = Field(description="Epochs it ran (the fewest of its jobs').")
     pruned_at_epoch: int | None = None
 
 

@@ -107,11 +107,11 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
     """The sweep's base job spec, validated (its dataset's record filled in) and normalised, as a
     dict every trial's spec starts from. Raises RequestValidationError naming `base`'s field."""
     base = dict(sweep.base)
-    if sweep.frameworks:
-        base["framework"] = sweep.frameworks[0]
+    named: list[Any] = list(sweep.frameworks) if sweep.frameworks else [base.get("framework")]  # None: JobSpec says
     try:
-        job = records.with_dataset(session, owner, JobSpec.model_validate(base))
-        limits.check_spec(job)
+        for framework in named:
+            job = records.with_dataset(session, owner, JobSpec.model_validate({**base, "framework": framework}))
+            limits.check_spec(job)
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ["body", "base", *e["loc"]]} for e in exc.errors(include_url=False)]
@@ -121,10 +121,19 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
     return job.model_dump(mode="json")
 
 
+def frameworks(sweep: SweepSpec, base: dict[str, Any]) -> list[Any]:
+    """The frameworks every trial runs in."""
+    return list(sweep.frameworks or [base["framework"]])
+
+
 def check(sweep: SweepSpec, base: dict[str, Any]) -> None:
     """Raise RequestValidationError with every problem of the sweep's space, method and
-    objective against its resolved `base` (resolve_base); nothing when it can run."""
-    errors = [*_space_errors(sweep, base), *_method_errors(sweep), *_objective_errors(sweep, base)]
+    objective against its resolved `base` (resolve_base) in each of its frameworks; nothing
+    when it can run."""
+    errors = []
+    for framework in frameworks(sweep, base):
+        errors += [e for e in _space_errors(sweep, {**base, "framework": framework}) if e not in errors]
+    errors += [*_method_errors(sweep), *_objective_errors(sweep, base)]
     if errors:
         raise RequestValidationError(errors)
 

@@ -5,22 +5,15 @@ no worker: a submitted job stays queued."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app.cli import spec_from_options
-from app.stack import Stack, free_port
+from tests.app.cli_shell import trainhub, user_shell
 
-
-def trainhub(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True, timeout=120
-    )
 
 
 def said(result: subprocess.CompletedProcess[str]) -> str:
@@ -31,28 +24,8 @@ def said(result: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture(scope="module")
 def cli_env(database_url, redis_url, tmp_path_factory) -> dict[str, str]:
     """The environment of a user's shell: uvicorn serving the API (no worker) and a new key."""
-    root = tmp_path_factory.mktemp("cli-datasets")
-    env = {
-        **os.environ,
-        "TRAINHUB_DATABASE_URL": database_url,
-        "TRAINHUB_BROKER_URL": redis_url,
-        "TRAINHUB_ARTIFACT_DIR": str(root / "artifacts"),
-        "TRAINHUB_VAR_DIR": str(root / "var"),
-    }
-    port = free_port()
-    stack = Stack(url=f"http://127.0.0.1:{port}")
-    stack.processes.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"], env=env
-        )
-    )
-    try:
-        stack.wait_ready()
-        created = trainhub(env, "keys", "create", "--name", "cli-datasets")
-        assert created.returncode == 0, said(created)
-        yield {**env, "TRAINHUB_API_URL": stack.url, "TRAINHUB_API_KEY": created.stdout.strip().splitlines()[-1]}
-    finally:
-        stack.stop()
+    with user_shell(database_url, redis_url, tmp_path_factory.mktemp("cli-datasets"), "cli-datasets") as env:
+        yield env
 
 
 def small_csv(path: Path, rows: int = 80) -> Path:

@@ -14,6 +14,7 @@ STATIC = Path(__file__).resolve().parents[2] / "app" / "dashboard"
     ("/", "jobs"), ("/ui/jobs/some-id", "job"), ("/ui/comparisons", "comparisons"),
     ("/ui/comparisons/some-id", "comparison"), ("/ui/workers", "workers"), ("/ui/datasets", "datasets"),
     ("/ui/datasets/ds_0123456789abcdef0123456789abcdef", "dataset"), ("/ui/datasets/digits", "dataset"),
+    ("/ui/sweeps", "sweeps"), ("/ui/sweeps/some-id", "sweep"),
 ])
 def test_pages_render_without_a_key(api, path, page):
     response = api.get(path)
@@ -31,7 +32,7 @@ def test_filters_come_from_the_query_string_and_unknown_values_are_ignored(api):
 
 
 def test_ids_in_pages_are_escaped(api):
-    for page in ("jobs", "comparisons", "datasets"):
+    for page in ("jobs", "comparisons", "datasets", "sweeps"):
         html = api.get(f'/ui/{page}/"><script>alert(1)</script>').text
         assert "<script>alert(1)" not in html, page
 
@@ -39,7 +40,7 @@ def test_ids_in_pages_are_escaped(api):
 def test_every_page_is_in_the_nav(api):
     html = api.get("/ui/datasets").text
     nav = html.split("<nav>")[1].split("</nav>")[0]
-    for href in ("/", "/ui/comparisons", "/ui/datasets", "/ui/workers"):
+    for href in ("/", "/ui/comparisons", "/ui/sweeps", "/ui/datasets", "/ui/workers"):
         assert f'href="{href}"' in nav, href
     assert '<a href="/ui/datasets" class="active">Datasets</a>' in nav
     assert 'data-dataset-id="ds_1"' in api.get("/ui/datasets/ds_1").text

@@ -129,3 +129,73 @@ def test_trials_run_to_a_best_trial_and_the_sweep_ends_with_none_running(api, au
 
     values = {t.number: t.value for t in study.trials(sweep["id"])}
     assert values == {t["number"]: t["objective"] for t in trials}
+
+    # The finished sweep's story over HTTP: each trial's start, epoch and end, then the sweep.
+    response = api.get(f"/sweeps/{sweep['id']}/events", headers=auth)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    story = parse_events(response.text)
+    assert [(e, d.get("trial")) for e, d in story] == [
+        *[(kind, n) for n in range(3) for kind in ("trial_start", "trial_epoch", "trial_end")], ("sweep", None)]
+    ends = [d for e, d in story if e == "trial_end"]
+    assert [d["objective"] for d in ends] == [t["objective"] for t in trials]
+    assert story[-1][1]["status"] == "succeeded" and story[-1][1]["best"] == done["best"]
+    assert api.get(f"/sweeps/{sweep['id']}/events", headers={"Authorization": "Bearer th_nobody"}).status_code == 401
+
+
+def parse_events(text: str) -> list[tuple[str, dict]]:
+    import json
+
+    found = []
+    for block in text.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if "event" in lines:
+            found.append((lines["event"], json.loads(lines["data"])))
+    return found
+
+
+def test_live_changes_are_each_trials_start_new_epochs_and_end_once():
+    from app.sweeps.events import TrialView, changes
+
+    def view(status, objectives, number=0):
+        return TrialView(number, status, {"batch_size": 32}, {"jax": "j"}, tuple(objectives), None, None)
+
+    queued = {0: view("queued", [])}
+    assert changes({}, [view("queued", [])]) == []
+    running = [view("running", [0.5])]
+    assert [e.event for e in changes(queued, running)] == ["trial_start", "trial_epoch"]
+    later = [view("running", [0.5, 0.6, 0.7])]
+    assert [(e.event, e.data["epoch"]) for e in changes({0: running[0]}, later)] == [("trial_epoch", 2),
+                                                                                     ("trial_epoch", 3)]
+    ended = [view("pruned", [0.5, 0.6, 0.7])]
+    assert [e.event for e in changes({0: later[0]}, ended)] == ["trial_end"]
+    assert changes({0: ended[0]}, ended) == []
+
+
+def test_a_sweep_in_both_frameworks_runs_each_trial_as_a_comparison_judged_by_the_mean(api, auth):
+    from workers import runner
+
+    worker = {"name": "test:sweep2", "hostname": "test", "hardware": "cpu", "devices": ["cpu:0"], "versions": {}}
+    body = sweep_body(method="grid", space={"optimizer.learning_rate": {"grid": [0.003, 0.03]}}, max_trials=2,
+                      parallelism=1, frameworks=["jax", "pytorch"], base={**BASE, "epochs": 1})
+    body["base"] = {k: v for k, v in body["base"].items() if k != "framework"}
+    created = api.post("/sweeps", json=body, headers=auth)
+    assert created.status_code == 201, created.text
+    sweep = created.json()
+    for _ in range(2):
+        trial = api.get(f"/sweeps/{sweep['id']}/trials", headers=auth).json()["items"][-1]
+        assert sorted(trial["jobs"]) == ["jax", "pytorch"] and trial["comparison_id"]
+        for framework, job_id in trial["jobs"].items():
+            assert runner.run(job_id, worker, serves=[f"cpu.{framework}"]) == "succeeded"
+    done = api.get(f"/sweeps/{sweep['id']}", headers=auth).json()
+    trials = api.get(f"/sweeps/{sweep['id']}/trials", headers=auth).json()["items"]
+    assert done["status"] == "succeeded" and done["trials"] == {**done["trials"], "succeeded": 2}
+    for trial in trials:
+        jobs = {fw: api.get(f"/jobs/{job_id}", headers=auth).json() for fw, job_id in trial["jobs"].items()}
+        accuracy = [job["metrics"][-1]["test_accuracy"] for job in jobs.values()]
+        assert trial["objective"] == pytest.approx(sum(accuracy) / 2)
+        assert {job["spec"]["optimizer"]["learning_rate"] for job in jobs.values()} == {
+            trial["params"]["optimizer.learning_rate"]}
+        comparison = api.get(f"/comparisons/{trial['comparison_id']}", headers=auth).json()
+        assert comparison["jobs"]["jax"]["id"] == trial["jobs"]["jax"]
+        assert comparison["status"] == "succeeded" and comparison["parity"]["passed"]
+    assert done["best"]["objective"] == max(t["objective"] for t in trials)

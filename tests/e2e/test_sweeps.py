@@ -115,3 +115,32 @@ def test_an_api_restart_and_a_worker_killed_mid_trial_lose_no_trial_and_start_no
     assert done["status"] == "succeeded" and len(trials) == 5
     assert [t["status"] for t in trials] == ["succeeded"] * 5
     assert resumed["attempts"] == 2 and [m["epoch"] for m in resumed["metrics"]] == list(range(1, 13))
+
+
+def test_a_sweep_in_both_frameworks_prunes_a_trial_in_both_and_the_study_holds_the_means(stack, database_url):
+    spec = {
+        "base": {"dataset": {"name": "digits"}, "epochs": 3},
+        "frameworks": ["jax", "pytorch"],
+        "space": {"optimizer.learning_rate": {"log_uniform": [1e-5, 0.3]}},
+        "method": "random", "max_trials": 5, "parallelism": 2, "seed": 1,
+        "early_stopping": {"method": "asha", "min_epochs": 1, "reduction_factor": 2},
+    }
+    with stack.client() as client:
+        done = client.wait_sweep(client.sweep(spec)["id"], timeout_s=600)
+        trials = client.trials(done["id"])
+        frozen = {t.number: t for t in study_of(database_url, done["id"]).get_trials()}
+        for trial in trials:
+            jobs = {fw: client.get(job_id) for fw, job_id in trial["jobs"].items()}
+            assert sorted(jobs) == ["jax", "pytorch"] and trial["comparison_id"]
+            statuses = {job["status"] for job in jobs.values()}
+            assert frozen[trial["number"]].state.name == STATE_OF[trial["status"]]
+            if trial["status"] == "succeeded":
+                assert statuses == {"succeeded"}
+                mean = sum(job["metrics"][-1]["test_accuracy"] for job in jobs.values()) / 2
+                assert frozen[trial["number"]].value == pytest.approx(mean) == trial["objective"]
+            elif trial["status"] == "pruned":  # stopped by the pruner, or because its pair was
+                assert "pruned" in statuses and statuses <= {"pruned", "succeeded"}
+                assert any("pair was pruned" in job["pruned"]["reason"] or "asha" in job["pruned"]["reason"]
+                           for job in jobs.values() if job["pruned"])
+    assert done["status"] == "succeeded" and len(trials) == 5
+    assert done["trials"]["pruned"] >= 1

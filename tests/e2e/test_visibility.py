@@ -26,4 +26,4 @@ def test_a_redelivered_running_job_is_not_run_twice(database_url, tmp_path):
     assert job["attempts"] == 1
     assert [m["epoch"] for m in job["metrics"]] == list(range(1, 11))
     # the broker did hand it out again, and that delivery was skipped
-    assert f"job {job['id']} is not queued (duplicate delivery or cancelled); skipping" in output
+    assert f"no job waits in the queue of job {job['id']} (a duplicate or stale message); skipping" in output

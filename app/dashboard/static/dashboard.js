@@ -6,7 +6,7 @@
 
 (function () {
   const KEY = "trainhub.apiKey";
-  const FINISHED = ["succeeded", "failed", "cancelled"];
+  const FINISHED = ["succeeded", "failed", "cancelled", "pruned"];
   const COLORS = {train: "#2563eb", test: "#dc2626", jax: "#7c3aed", pytorch: "#ea580c"};
   const $ = (id) => document.getElementById(id);
 
@@ -356,7 +356,8 @@
 
   // Why a job waits, or why it failed (shortened; the job page has the whole message).
   function whyCell(job) {
-    const text = job.waiting_reason || (job.error ? `${job.error.type}: ${job.error.message}` : "");
+    const text = job.waiting_reason || (job.error ? `${job.error.type}: ${job.error.message}` : "") ||
+      (job.pruned ? job.pruned.reason : "");
     return h("td", {class: job.error ? "error small" : "muted small", title: text},
       text.length > 120 ? `${text.slice(0, 117)}…` : text);
   }
@@ -455,6 +456,11 @@
       if (failed) replace($("job-error"), h("strong", {}, `Failed: ${job.error.type}`), h("br"), job.error.message);
       $("job-waiting").hidden = !job.waiting_reason;
       $("job-waiting").textContent = job.waiting_reason ? `Waiting: ${job.waiting_reason}` : "";
+      renderTrial();
+      $("job-pruned").hidden = !job.pruned;
+      if (job.pruned) {
+        replace($("job-pruned"), h("strong", {}, `Pruned after epoch ${job.pruned.epoch}`), h("br"), job.pruned.reason);
+      }
       $("cancel").hidden = FINISHED.includes(job.status);
       const spec = job.spec, data = spec.dataset, info = data.info;
       const details = [data.train_limit && `train ${data.train_limit}`, data.test_limit && `test ${data.test_limit}`,
@@ -482,6 +488,25 @@
         [h("li", {class: "muted"}, FINISHED.includes(job.status) ? "none" : "none yet (written when the job succeeds)")]);
     }
 
+    // A sweep's trial: "trial N of sweep NAME" linking to the sweep, and the values it set.
+    let sweepName = null;
+    function renderTrial() {
+      const trial = job.sweep;
+      $("job-trial").hidden = !trial;
+      if (!trial) return;
+      replace($("job-trial"), `Trial ${trial.trial} of sweep `,
+        h("a", {href: sweepHref(trial.id), id: "job-sweep-link"}, sweepName || trial.id.slice(0, 8)),
+        Object.keys(trial.params).length ? h("span", {class: "muted"}, " · ", Object.entries(trial.params)
+          .map(([name, value]) => `${name} = ${paramText(value)}`).join(", ")) : null);
+      if (sweepName === null) {
+        sweepName = "";
+        api(`/sweeps/${encodeURIComponent(trial.id)}`).then((sweep) => {
+          sweepName = sweep.name || "";
+          if (sweepName) $("job-sweep-link").textContent = sweepName;
+        }).catch(() => { /* the short id does */ });
+      }
+    }
+
     function renderTimings() {
       const timings = Object.entries(job.timings || {}).map(([k, v]) =>
         [k.replace(/_s$/, "").replace(/_/g, " "), k.endsWith("_s") ? seconds(v) : number(v)]);
@@ -493,7 +518,7 @@
         timings.push(["test accuracy", percent(result.test_accuracy)], ["test loss", number(result.test_loss)]);
       }
       if (!timings.length) {
-        timings.push(job.started_at ? ["running for", seconds(duration(job))] : ["waiting for", seconds((Date.now() - time(job.created_at)) / 1000)]);
+        timings.push(job.started_at ? [FINISHED.includes(job.status) ? "ran for" : "running for", seconds(duration(job))] : ["waiting for", seconds((Date.now() - time(job.created_at)) / 1000)]);
       }
       pairs($("job-timings"), timings);
     }
@@ -748,6 +773,281 @@
     });
   }
 
+  // --- sweeps ------------------------------------------------------------------------------
+
+  const SWEEP_ENDED = ["succeeded", "failed", "cancelled"];
+  // Distinct colours for the trials' curves; pruned ones grey and dashed, failed ones red and dashed.
+  const PALETTE = ["#2563eb", "#ea580c", "#16a34a", "#7c3aed", "#db2777", "#0891b2", "#ca8a04", "#4f46e5",
+    "#059669", "#9333ea"];
+  const PRUNED_COLOR = "#98a2b3", FAILED_COLOR = "#f04438";
+  const sweepHref = (id) => `/ui/sweeps/${encodeURIComponent(id)}`;
+  const jobHref = (id) => `/ui/jobs/${encodeURIComponent(id)}`;
+
+  // An objective value the way its metric reads: accuracies as percentages.
+  function objectiveText(metric, value) {
+    if (!given(value)) return "–";
+    if (metric.endsWith("accuracy")) return percent(value);
+    return number(value, metric.endsWith("r2") ? 3 : 4);
+  }
+
+  // A searched value: small or large floats in exponent form (learning rates), others as they are.
+  function paramText(value) {
+    if (typeof value !== "number") return String(value);
+    if (Number.isInteger(value)) return String(value);
+    const abs = Math.abs(value);
+    return abs !== 0 && (abs < 1e-3 || abs >= 1e5) ? value.toExponential(2) : String(+value.toPrecision(4));
+  }
+
+  function dimensionText(dimension) {
+    const [kind, values] = Object.entries(dimension).find(([, v]) => given(v));
+    return kind.endsWith("uniform") ? `${kind} [${values.map(paramText).join(", ")}]`
+      : `${kind} {${values.map(paramText).join(", ")}}`;
+  }
+
+  const ended = (trials) => ["succeeded", "pruned", "failed", "cancelled"].reduce((n, k) => n + trials[k], 0);
+
+  // How many trials the sweep means to run: max_trials, or a smaller grid's size (a cancel or a
+  // spent max_total_s stops it short: its progress then stays short of the end).
+  function plannedTrials(sweep) {
+    const spec = sweep.spec;
+    if (spec.method !== "grid") return spec.max_trials;
+    const size = Object.values(spec.space).reduce((n, d) => n * ((d.grid || d.choice || []).length || 1), 1);
+    return Math.min(spec.max_trials, size);
+  }
+
+  function trialsProgress(sweep) {
+    const done = ended(sweep.trials), total = plannedTrials(sweep);
+    const fill = h("div", {class: "fill"});
+    fill.style.width = `${total ? Math.min(100, (100 * done) / total) : 0}%`;
+    return h("span", {class: "progress"}, h("span", {class: "bar"}, fill), `${done}/${total}`);
+  }
+
+  function sweepSummary(sweep) {
+    const spec = sweep.spec, base = spec.base, stopping = spec.early_stopping;
+    const frameworks = spec.frameworks || [base.framework || "jax"];
+    return [`${spec.method} search over ${Object.keys(spec.space).join(", ")} · ${frameworks.join(" and ")} on `,
+      base.dataset ? datasetLabel(base.dataset) : "?", `${given(base.epochs) ? `, ${base.epochs} epochs` : ""}`,
+      ` · objective ${spec.objective.metric} (${spec.objective.direction})`,
+      stopping ? ` · early stopping ${stopping.method} from epoch ${stopping.min_epochs}` +
+        `${stopping.method === "asha" ? `, reduction factor ${stopping.reduction_factor}` : ""}` : " · no early stopping"];
+  }
+
+  function sweepsPage() {
+    every(3000, async () => {
+      const items = (await api("/sweeps?limit=100")).items;
+      await learnDatasetNames(items.map((s) => s.spec.base).filter((b) => b.dataset));
+      replace($("sweeps-body"), items.map((sweep) => {
+        const metric = sweep.spec.objective.metric;
+        return h("tr", {dataset: {sweepId: sweep.id, status: sweep.status}},
+          h("td", {}, h("a", {href: sweepHref(sweep.id), class: "sweep-link"}, sweep.name || sweep.id.slice(0, 8)),
+            sweep.name ? h("span", {class: "muted small"}, ` ${sweep.id.slice(0, 8)}`) : null),
+          h("td", {}, badge(sweep.status)),
+          h("td", {class: "dataset"}, sweep.spec.base.dataset ? datasetLabel(sweep.spec.base.dataset) : "?"),
+          h("td", {}, sweep.spec.method, sweep.spec.early_stopping ? h("span", {class: "muted small"},
+            ` · ${sweep.spec.early_stopping.method}`) : null),
+          h("td", {class: "trials"}, trialsProgress(sweep)),
+          h("td", {class: "num"}, sweep.trials.running),
+          h("td", {class: "num"}, sweep.trials.pruned),
+          h("td", {class: "num best", title: metric}, sweep.best ? `${objectiveText(metric, sweep.best.objective)} ` : "–",
+            sweep.best ? h("span", {class: "muted small"}, `trial ${sweep.best.number}`) : null),
+          h("td", {class: "muted"}, new Date(sweep.created_at).toLocaleString()));
+      }));
+      $("sweeps-empty").hidden = items.length > 0;
+      $("sweeps-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    });
+  }
+
+  // Best first: the completed trials by objective, then running, then pruned (those that got
+  // further first), then failed or cancelled, then queued.
+  const STANDING = {succeeded: 0, running: 1, pruned: 2, failed: 3, cancelled: 3, queued: 4};
+
+  function bestFirst(trials, direction) {
+    const sign = direction === "min" ? 1 : -1;
+    const score = (t) => (given(t.objective) ? sign * t.objective : Infinity);
+    return [...trials].sort((a, b) => (STANDING[a.status] ?? 5) - (STANDING[b.status] ?? 5)
+      || (a.status === "pruned" ? b.epochs - a.epochs : 0) || score(a) - score(b) || a.number - b.number);
+  }
+
+  const trialJobs = (trial) => Object.entries(trial.jobs || {}).length ? trial.jobs : {job: trial.job_id};
+
+  function sweepPage() {
+    const sweepId = document.body.dataset.sweepId;
+    const metricsOf = new Map();  // job id -> its per-epoch metrics as last fetched
+    let charts = {trials: null, epochs: null, trialsKey: "", epochsKey: ""};
+    let cancelArmed = null;
+
+    // A trial's objective per epoch: its job's metric, or the mean of its jobs' (both frameworks).
+    function objectivePerEpoch(trial, metric) {
+      const runs = Object.values(trialJobs(trial)).map((id) => metricsOf.get(id) || []);
+      const byEpoch = runs.map((rows) => new Map(rows.filter((m) => given(m[metric])).map((m) => [m.epoch, m[metric]])));
+      return [...byEpoch[0].keys()].filter((e) => byEpoch.every((m) => m.has(e))).sort((a, b) => a - b)
+        .map((e) => [e, byEpoch.reduce((sum, m) => sum + m.get(e), 0) / byEpoch.length]);
+    }
+
+    // Fetch the metrics of the trials whose epochs moved since the last fetch, a few at a time.
+    async function fetchMetrics(trials) {
+      const stale = trials.flatMap((t) => Object.values(trialJobs(t)).filter((id) =>
+        t.epochs > 0 && (!metricsOf.has(id) || metricsOf.get(id).length < t.epochs || t.status === "running")));
+      for (let i = 0; i < stale.length; i += 6) {
+        await Promise.all(stale.slice(i, i + 6).map(async (id) => {
+          metricsOf.set(id, await api(`/jobs/${encodeURIComponent(id)}/metrics`));
+        }));
+      }
+    }
+
+    function trialStyle(trial, best) {
+      if (trial.status === "pruned") return {color: PRUNED_COLOR, dash: "5 4", width: 1.5};
+      if (trial.status === "failed" || trial.status === "cancelled") return {color: FAILED_COLOR, dash: "2 3", width: 1.5};
+      return {color: PALETTE[trial.number % PALETTE.length], width: best && best.number === trial.number ? 3.5 : 2};
+    }
+
+    // (Re)build a chart when its series change (new trials, new statuses); else update its points.
+    function chart(which, figure, key, series, options) {
+      if (charts[which] && charts[`${which}Key`] === key) return charts[which];
+      figure.querySelectorAll("svg, .legend").forEach((node) => node.remove());
+      charts[which] = new window.LineChart(figure, series, options);
+      charts[`${which}Key`] = key;
+      return charts[which];
+    }
+
+    function renderCharts(sweep, trials) {
+      const metric = sweep.spec.objective.metric, best = sweep.best;
+      // The objective per trial: a scatter, one series per outcome.
+      const outcomes = [
+        ["best", "best", {color: "#15803d", radius: 6}],
+        ["succeeded", "succeeded", {color: "#2563eb", radius: 4}],
+        ["running", "running", {color: "#1d4ed8", radius: 4, hollow: true}],
+        ["pruned", "pruned", {color: PRUNED_COLOR, radius: 4, hollow: true}],
+        ["failed", "failed or cancelled", {color: FAILED_COLOR, radius: 4, hollow: true}],
+      ];
+      const outcomeOf = (t) => (best && t.number === best.number ? "best"
+        : t.status === "cancelled" ? "failed" : t.status);
+      const scored = trials.filter((t) => given(t.objective));
+      const present = outcomes.filter(([name]) => scored.some((t) => outcomeOf(t) === name));
+      const perTrial = chart("trials", $("trials-chart"), present.map(([name]) => name).join(),
+        present.map(([name, label, style]) => ({name, label, line: false, attrs: {"data-outcome": name}, ...style})),
+        // The x axis spans the whole budget, when that leaves room to tell the points apart.
+        {xMin: 0, xMax: plannedTrials(sweep) <= 50 ? plannedTrials(sweep) - 1 : 1, xLabel: "trial",
+          empty: "no trial has an objective yet"});
+      for (const [name] of present) {
+        perTrial.set(name, scored.filter((t) => outcomeOf(t) === name).map((t) => [t.number, t.objective]));
+      }
+      $("trials-chart").dataset.trials = String(scored.length);
+
+      // The objective per epoch: one line per trial, in trial order.
+      const ordered = [...trials].sort((a, b) => a.number - b.number).filter((t) => t.epochs > 0);
+      const epochs = Math.max(given(sweep.spec.base.epochs) ? sweep.spec.base.epochs : 2,
+        ...ordered.map((t) => t.epochs));
+      const key = ordered.map((t) => `${t.number}:${t.status}`).join() + (best ? `|${best.number}` : "");
+      const perEpoch = chart("epochs", $("epochs-chart"), key, ordered.map((t) => ({
+        name: `trial ${t.number}`, label: `trial ${t.number}${t.status === "pruned" ? " (pruned)" : ""}`,
+        attrs: {"data-trial": t.number, "data-status": t.status}, ...trialStyle(t, best),
+      })), {xMax: epochs, empty: "no trial finished an epoch yet"});
+      for (const t of ordered) perEpoch.set(`trial ${t.number}`, objectivePerEpoch(t, metric));
+      $("epochs-chart").dataset.trials = String(ordered.length);
+    }
+
+    function trialRow(trial, sweep, names) {
+      const metric = sweep.spec.objective.metric;
+      const isBest = sweep.best && sweep.best.number === trial.number;
+      const jobs = trialJobs(trial);
+      const total = given(sweep.spec.base.epochs) ? `/${sweep.spec.base.epochs}` : "";
+      return h("tr", {class: `trial ${trial.status}${isBest ? " best" : ""}`,
+        dataset: {trial: trial.number, status: trial.status, jobId: trial.job_id}},
+        h("td", {class: "num"}, trial.number),
+        h("td", {class: "status"}, badge(trial.status), isBest ? h("span", {class: "badge best"}, "best") : null,
+          given(trial.pruned_at_epoch) ? h("span", {class: "muted small"}, ` after epoch ${trial.pruned_at_epoch}`) : null),
+        names.map((name) => h("td", {class: "num", dataset: {param: name}}, given(trial.params[name]) ? paramText(trial.params[name]) : "–")),
+        h("td", {class: "num epochs"}, `${trial.epochs}${total}`),
+        h("td", {class: "num objective"}, objectiveText(metric, trial.objective)),
+        h("td", {class: "jobs"}, Object.entries(jobs).flatMap(([fw, id], i, all) => [i ? " · " : null,
+          h("a", {href: jobHref(id), class: "job-link", dataset: {framework: fw}},
+            all.length === 1 ? `job ${id.slice(0, 8)}` : fw)]),
+          trial.comparison_id ? [" · ", h("a", {href: `/ui/comparisons/${encodeURIComponent(trial.comparison_id)}`},
+            "comparison")] : null));
+    }
+
+    function render(sweep, trials) {
+      const spec = sweep.spec, metric = spec.objective.metric, names = Object.keys(spec.space);
+      document.title = `Sweep ${sweep.name || sweep.id.slice(0, 8)} · ${sweep.status} · trainhub`;
+      $("sweep-name").textContent = sweep.name || "";
+      replace($("sweep-status"), badge(sweep.status));
+      $("cancel-sweep").hidden = SWEEP_ENDED.includes(sweep.status);
+      replace($("sweep-summary"), sweepSummary(sweep));
+      const counts = sweep.trials;
+      pairs($("sweep-trials"), [
+        ["progress", trialsProgress(sweep)],
+        ...["queued", "running", "succeeded", "pruned", "failed", "cancelled"].map((k) =>
+          [k, h("span", {id: `count-${k}`, class: counts[k] ? "" : "muted"}, counts[k])]),
+      ]);
+      const budget = sweep.budget;
+      pairs($("sweep-budget"), [
+        ["trials", `${budget.trials} of ${budget.max_trials}`],
+        ["train time", `${seconds(budget.train_s)}${given(budget.max_total_s) ? ` of ${seconds(budget.max_total_s)}` : ""}`],
+        ["parallelism", spec.parallelism], ["seed", spec.seed],
+        ["created", new Date(sweep.created_at).toLocaleString()],
+        ["finished", sweep.finished_at && new Date(sweep.finished_at).toLocaleString()],
+        ["took", sweep.finished_at && seconds((time(sweep.finished_at) - time(sweep.created_at)) / 1000)],
+      ]);
+      const best = sweep.best;
+      $("sweep-no-best").hidden = !!best;
+      pairs($("sweep-best"), best ? [
+        ["trial", h("a", {href: jobHref(best.job_id), id: "best-trial-link"}, `trial ${best.number}`)],
+        [metric, h("strong", {id: "best-objective"}, objectiveText(metric, best.objective))],
+        ...Object.entries(best.params).map(([name, value]) => [name, h("code", {}, paramText(value))]),
+        ["epochs", best.epochs],
+      ] : []);
+      replace($("sweep-space"), h("span", {class: "muted"}, "searching"), Object.entries(spec.space).map(([name, d]) =>
+        h("span", {class: "dimension", dataset: {param: name}}, h("code", {}, name), ` ${dimensionText(d)}`)));
+      $("trials-chart-caption").textContent = `${metric} per trial (${spec.objective.direction === "max" ? "higher" : "lower"} is better)`;
+      $("epochs-chart-caption").textContent = `${metric} per epoch, one line per trial`;
+      replace($("trials-head"), h("tr", {}, h("th", {class: "num"}, "trial"), h("th", {}, "status"),
+        names.map((name) => h("th", {class: "num", dataset: {param: name}}, name)), h("th", {class: "num"}, "epochs"),
+        h("th", {class: "num", id: "objective-heading"}, metric), h("th", {}, "job")));
+      replace($("trials-body"), bestFirst(trials, spec.objective.direction).map((t) => trialRow(t, sweep, names)));
+      $("trials-empty").hidden = trials.length > 0;
+      renderCharts(sweep, trials);
+      $("sweep-updated").textContent = SWEEP_ENDED.includes(sweep.status) ? "" : `updates live · ${new Date().toLocaleTimeString()}`;
+    }
+
+    $("cancel-sweep").addEventListener("click", async () => {
+      const button = $("cancel-sweep");
+      if (!cancelArmed) {
+        button.textContent = "Click again to cancel";
+        cancelArmed = setTimeout(() => { cancelArmed = null; button.textContent = "Cancel sweep"; }, 4000);
+        return;
+      }
+      clearTimeout(cancelArmed);
+      cancelArmed = null;
+      button.disabled = true;
+      try {
+        await api(`/sweeps/${encodeURIComponent(sweepId)}/cancel`, {method: "POST"});
+      } catch (error) {
+        if (!(error instanceof AuthError)) banner(`Could not cancel: ${error.message}`);
+      } finally {
+        button.disabled = false;
+        button.textContent = "Cancel sweep";
+      }
+    });
+
+    every(2000, async () => {
+      let sweep;
+      try {
+        sweep = await api(`/sweeps/${encodeURIComponent(sweepId)}`);
+      } catch (error) {
+        if (error.status !== 404) throw error;
+        replace($("content"), h("h1", {}, "Sweep not found"),
+          h("p", {}, `There is no sweep ${sweepId} among yours. `, h("a", {href: "/ui/sweeps"}, "Back to the sweeps")));
+        return false;
+      }
+      const trials = (await api(`/sweeps/${encodeURIComponent(sweepId)}/trials`)).items;
+      if (sweep.spec.base.dataset) await learnDatasetNames([sweep.spec.base]);
+      await fetchMetrics(trials);
+      render(sweep, trials);
+      return !SWEEP_ENDED.includes(sweep.status);
+    });
+  }
+
   // --- workers and queues ------------------------------------------------------------------
 
   function workersPage() {
@@ -769,7 +1069,7 @@
   }
 
   const PAGES = {jobs: jobsPage, job: jobPage, comparisons: comparisonsPage, comparison: comparisonPage,
-    datasets: datasetsPage, dataset: datasetPage, workers: workersPage};
+    datasets: datasetsPage, dataset: datasetPage, sweeps: sweepsPage, sweep: sweepPage, workers: workersPage};
 
   document.addEventListener("DOMContentLoaded", () => {
     $("signin-form").addEventListener("submit", signIn);

@@ -4,6 +4,9 @@
 //   chart.set("train loss", [[1, 0.52], [2, 0.41]]);   // whole series
 //   chart.add("train loss", 3, 0.37);                   // one point (replaces the same x)
 //
+// A series may also say `label` (its legend text, default its name), `line: false` (points only,
+// a scatter), `hollow: true` (open points), `radius` and `attrs` (extra attributes of its <g>).
+// Options: `yMin`, `xMin` (default 1), `xMax`, `xLabel` (default "epoch"), `empty` (placeholder).
 // The figure's data-points attribute holds the longest series' length (tests read it).
 "use strict";
 
@@ -47,9 +50,12 @@
       for (const s of this.series) {
         const item = document.createElement("span");
         const swatch = document.createElement("i");
-        swatch.className = "swatch";
-        swatch.style.background = s.color;  // CSSOM, which the CSP allows
-        item.append(swatch, document.createTextNode(s.name));
+        swatch.className = s.line === false ? "swatch point" : "swatch";
+        // CSSOM, which the CSP allows
+        if (s.line === false && s.hollow) swatch.style.border = `2px solid ${s.color}`;
+        else if (s.dash) swatch.style.background = `repeating-linear-gradient(90deg, ${s.color} 0 4px, transparent 4px 7px)`;
+        else swatch.style.background = s.color;
+        item.append(swatch, document.createTextNode(s.label || s.name));
         this.legend.append(item);
       }
       figure.append(this.svg, this.legend);
@@ -86,7 +92,9 @@
         return;
       }
       const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
-      const xMax = Math.max(2, this.options.xMax || 0, ...xs), xMin = 1;
+      const xMin = this.options.xMin === undefined ? 1 : this.options.xMin;
+      const xMax = Math.max(xMin + 1, this.options.xMax || 0, ...xs);
+      const xLabel = this.options.xLabel || "epoch";
       let yMin = Math.min(...ys), yMax = Math.max(...ys);
       if (this.options.yMin !== undefined) yMin = Math.min(yMin, this.options.yMin);
       if (yMax - yMin < 1e-12) { yMin -= 0.5; yMax += 0.5; }
@@ -102,25 +110,28 @@
         grid.append(el("line", {x1: MARGIN.left, x2: WIDTH - MARGIN.right, y1: sy(t), y2: sy(t)}));
         grid.append(el("text", {x: MARGIN.left - 6, y: sy(t) + 4, "text-anchor": "end"}, format(t)));
       }
-      const xTicks = niceTicks(xMin, xMax, Math.min(8, xMax - 1)).filter((t) => Number.isInteger(t));
+      const xTicks = niceTicks(xMin, xMax, Math.min(8, xMax - xMin)).filter((t) => Number.isInteger(t));
       for (const t of xTicks) {
         grid.append(el("text", {x: sx(t), y: HEIGHT - MARGIN.bottom + 16, "text-anchor": "middle"}, String(t)));
       }
       grid.append(el("text", {x: MARGIN.left + w / 2, y: HEIGHT - 2, "text-anchor": "middle", class: "axis-label"},
-        "epoch"));
+        xLabel));
       svg.append(grid);
 
       for (const s of this.series) {
         const points = [...s.points.entries()].sort((a, b) => a[0] - b[0]);
         if (points.length === 0) continue;
-        const group = el("g", {class: "series", "data-series": s.name, stroke: s.color, fill: s.color});
-        const d = points.map((p, i) => `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
-        const line = {d, fill: "none", "stroke-width": s.width || 2};
-        if (s.dash) line["stroke-dasharray"] = s.dash;  // overlaid curves that coincide stay visible
-        group.append(el("path", line));
+        const group = el("g", {...(s.attrs || {}), class: "series", "data-series": s.name, stroke: s.color,
+          fill: s.hollow ? "#fff" : s.color, "stroke-width": s.hollow ? 2 : 1});
+        if (s.line !== false) {
+          const d = points.map((p, i) => `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
+          const line = {d, fill: "none", "stroke-width": s.width || 2};
+          if (s.dash) line["stroke-dasharray"] = s.dash;  // overlaid curves that coincide stay visible
+          group.append(el("path", line));
+        }
         for (const [x, y] of points) {
-          const dot = el("circle", {cx: sx(x).toFixed(1), cy: sy(y).toFixed(1), r: 3, "data-epoch": x});
-          dot.append(el("title", {}, `${s.name}, epoch ${x}: ${format(y)}`));
+          const dot = el("circle", {cx: sx(x).toFixed(1), cy: sy(y).toFixed(1), r: s.radius || 3, [`data-${xLabel.replace(/\W+/g, "-")}`]: x});
+          dot.append(el("title", {}, `${s.name}, ${xLabel} ${x}: ${format(y)}`));
           group.append(dot);
         }
         svg.append(group);

@@ -1,0 +1,47 @@
+"""A user's shell for CLI tests: the API served by uvicorn on PostgreSQL (no worker), a new key,
+and `trainhub` run as a subprocess the way a user types it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from app.stack import Stack, free_port
+
+
+def trainhub(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@contextmanager
+def user_shell(database_url: str, redis_url: str, root: Path, name: str, **extra: str) -> Iterator[dict[str, str]]:
+    """The environment of a shell with TRAINHUB_API_URL and a new TRAINHUB_API_KEY (named
+    `name`), the API running until the block ends; `extra` are more environment variables."""
+    env = {
+        **os.environ,
+        "TRAINHUB_DATABASE_URL": database_url,
+        "TRAINHUB_BROKER_URL": redis_url,
+        "TRAINHUB_ARTIFACT_DIR": str(root / "artifacts"),
+        "TRAINHUB_VAR_DIR": str(root / "var"),
+        **extra,
+    }
+    port = free_port()
+    stack = Stack(url=f"http://127.0.0.1:{port}")
+    stack.processes.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"], env=env
+        )
+    )
+    try:
+        stack.wait_ready()
+        created = trainhub(env, "keys", "create", "--name", name)
+        assert created.returncode == 0, created.stdout + created.stderr
+        yield {**env, "TRAINHUB_API_URL": stack.url, "TRAINHUB_API_KEY": created.stdout.strip().splitlines()[-1]}
+    finally:
+        stack.stop()

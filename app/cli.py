@@ -213,6 +213,9 @@ def keys_create(
     admin: Annotated[bool, typer.Option("--admin", help="sees every job and worker, not only its own")] = False,
     init: Annotated[bool, typer.Option("--init", help="create the embedded database if there is none yet")] = False,
     var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
+    max_priority: Annotated[
+        Optional[Priority], typer.Option(help="the highest priority its jobs may ask for (default: any)")
+    ] = None,
 ) -> None:
     """Create an API key; the secret is printed once, on the last line of stdout (only its
     sha256 is stored)."""
@@ -224,7 +227,7 @@ def keys_create(
         fail("--name must be 1 to 200 printable characters")
     open_database(init, var_dir)
     with session_scope() as session:
-        key, secret = create_key(session, name, admin=admin)
+        key, secret = create_key(session, name, admin=admin, max_priority=max_priority.value if max_priority else None)
     kind = "admin key" if admin else "key"
     console.print(
         f"created {kind} {key.prefix}… (id {key.id}) named {escape(repr(name))}; store it now, it is not shown again"
@@ -271,6 +274,31 @@ def keys_list(
             str(row["revoked_at"] or "")[:19],
         )
     Console().print(table)
+
+
+@keys_cli.command("cap")
+def keys_cap(
+    key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")],
+    max_priority: Annotated[
+        Optional[Priority], typer.Option(help="the highest priority its jobs may ask for; leave out to lift the cap")
+    ] = None,
+    var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
+) -> None:
+    """Cap the priority a key's jobs may ask for (a job above it is refused with 422); queued
+    jobs keep theirs."""
+    from app.db import session_scope
+    from app.keys import AmbiguousKey, cap_key
+
+    open_database(var_dir=var_dir)
+    with session_scope() as session:
+        try:
+            capped = cap_key(session, key.removesuffix("…"), max_priority.value if max_priority else None)
+        except AmbiguousKey:
+            fail(f"{key!r} names more than one key; use the id from `trainhub keys list`")
+        if capped is None:
+            fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
+        cap = f"capped at priority {capped.max_priority}" if capped.max_priority else "no longer capped"
+        console.print(f"key {capped.prefix}… named {escape(repr(capped.name))} is {cap}")
 
 
 @keys_cli.command("revoke")
@@ -351,7 +379,19 @@ SPEC_OPTIONS = {
     "dropout": ("model", "dropout"),
     "seed": ("seed",),
     "name": ("name",),
+    "priority": ("priority",),
 }
+
+
+class Priority(StrEnum):
+    """A job's place in its queue (spec.priority)."""
+
+    low = "low"
+    normal = "normal"
+    high = "high"
+
+
+PRIORITY_HELP = "low, normal (default) or high: its place in the queue; a high job may preempt a running low one"
 # --dataset with this prefix is an uploaded dataset's id (dataset.id), else a built-in name (dataset.name).
 DATASET_ID_PREFIX = "ds_"
 DATASET_HELP = (
@@ -378,6 +418,7 @@ def submit(
     train_limit: Optional[int] = None,
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
+    priority: Annotated[Optional[Priority], typer.Option(help=PRIORITY_HELP)] = None,
     spec_file: Annotated[
         Optional[Path], typer.Option("--spec", help="a JobSpec JSON file; options given with it override its fields")
     ] = None,
@@ -403,6 +444,7 @@ def submit(
         train_limit=train_limit,
         test_limit=test_limit,
         name=name,
+        priority=priority.value if priority else None,
     )
     if timeout is not None and not wait:
         fail("--timeout is for --wait: it says how long to watch the job")
@@ -1121,10 +1163,11 @@ def _bytes(size: int | None) -> str:
     return "" if size is None else decimal(size)
 
 
-# Sweeps have their own module (it imports the helpers above when its commands run).
-from app import cli_sweeps  # noqa: E402
+# Sweeps and gc have their own modules (they import the helpers above when their commands run).
+from app import cli_gc, cli_sweeps  # noqa: E402
 
 cli_sweeps.register(cli)
+cli_gc.register(cli)
 
 __all__ = ["cli", "main", "FINISHED"]
 

@@ -300,12 +300,13 @@ def watch(client: TrainhubClient, sweep: dict, timeout_s: float | None) -> tuple
     seconds, stop watching, not the sweep (exit 130, 124)."""
     from app.cli import call, console, friendly_errors
 
-    seen = Seen(sweep, call(client.trials, sweep["id"]))
+    seen = Seen(sweep, [])
     # On a terminal the table keeps to its height (the best rows) until the end; piped, only the
     # last frame is printed, whole.
     rows = max(console.height - LIVE_CHROME_LINES, 5) if console.is_terminal else None
     short = sweep["id"][:8]
     try:
+        seen.trials = call(client.trials, sweep["id"])  # (a Ctrl-C here stops watching too)
         with live_view(console, sweep_view(seen.sweep, seen.trials, rows)) as live, friendly_errors():
 
             def redraw(current: dict) -> None:

@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     # Where clients reach the API (e.g. https://trainhub.example.com): artifact URLs in answers
     # start with it. Unset: they are relative (/jobs/...), never built from a request's Host.
     public_url: str | None = None
+    # A queued job of higher priority takes the worker of a running lower-priority one when no
+    # worker of its queue is free (app/scheduling.py); off: it waits for a free worker.
+    preemption: bool = True
     # On SIGTERM the API stops accepting, then gives open requests (event streams, downloads)
     # this long to end before it cancels them and exits (seconds).
     shutdown_timeout_s: int = Field(3, ge=0, le=60)
@@ -102,6 +105,12 @@ class Settings(BaseSettings):
     # Redis hands an unacknowledged message to another worker after this long; it must be
     # longer than any job may run (max_runtime_s is capped at 7 days).
     visibility_timeout_s: float = Field(8 * 24 * 3600.0, gt=0)
+    # Retention (app/retention.py): finished jobs are deleted, with their metrics and artifacts,
+    # this many days after they ended (a spec's retention_days may only shorten it); unset: kept
+    # forever, but for jobs that set their own. The workers' reconciler looks for expired jobs at
+    # most once per retention_interval_s (seconds), one worker at a time.
+    retention_days: int | None = Field(None, ge=1, le=hard.MAX_RETENTION_DAYS)
+    retention_interval_s: float = Field(3600.0, gt=0)
 
     # Limits (see the docstring); defaults are the hard caps where a spec field has one.
     max_body_bytes: int = Field(256 * 1024, ge=1024)
@@ -155,6 +164,12 @@ class Settings(BaseSettings):
             if "*" in value:
                 raise ValueError("cors_origins may not be '*': list the origins that may call the API")
         return value
+
+    @field_validator("retention_days", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # docker-compose passes an unset `${TRAINHUB_RETENTION_DAYS:-}` as "": keep forever.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> Settings:

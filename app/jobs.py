@@ -25,6 +25,7 @@ from app.keys import Caller
 from app.models import Job, Worker, utcnow
 from app.schemas import JobSpec
 from app.status import JobStatus
+from trainers.spec import PRIORITIES
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ def new_job(owner: Caller, spec: JobSpec, idempotency_key: str | None = None) ->
         spec=spec.model_dump(mode="json"),
         epochs=spec.epochs,
         dataset_id=spec.dataset.id,
+        priority=PRIORITIES.index(spec.priority),
         idempotency_key=idempotency_key,
         created_at=utcnow(),
         # A new job has none yet: loaded as empty, so rendering it asks the database nothing.

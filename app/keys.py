@@ -20,11 +20,12 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create_key(session: Session, name: str, admin: bool = False) -> tuple[ApiKey, str]:
+def create_key(session: Session, name: str, admin: bool = False, max_priority: str | None = None) -> tuple[ApiKey, str]:
     """Store a new key named `name`; return its row and the secret (the only time it is seen).
-    An `admin` key sees every job and worker; a user key only its own jobs."""
+    An `admin` key sees every job and worker; a user key only its own jobs. `max_priority`
+    caps the priority of the key's jobs (None: any)."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(name=name, prefix=secret[:10], key_hash=hash_key(secret), is_admin=admin)
+    key = ApiKey(name=name, prefix=secret[:10], key_hash=hash_key(secret), is_admin=admin, max_priority=max_priority)
     session.add(key)
     session.commit()
     return key, secret
@@ -37,11 +38,14 @@ class Caller:
 
     id: str
     is_admin: bool
+    # The highest job priority the key may ask for (trainhub keys create/cap --max-priority);
+    # None: any.
+    max_priority: str | None = None
 
 
 # Built once: every request with a key runs it. Columns, not an ApiKey entity: a third of the cost.
 _keys = ApiKey.__table__.c
-_LIVE_BY_HASH = select(_keys.id, _keys.is_admin, _keys.key_hash).where(
+_LIVE_BY_HASH = select(_keys.id, _keys.is_admin, _keys.key_hash, _keys.max_priority).where(
     _keys.key_hash == bindparam("digest"), _keys.revoked_at.is_(None)
 )
 
@@ -57,7 +61,7 @@ def find_key(session: Session, secret: str) -> Caller | None:
     row = session.execute(_LIVE_BY_HASH, {"digest": digest}).first()
     if row is None or not hmac.compare_digest(row.key_hash, digest):
         return None
-    return Caller(id=row.id, is_admin=row.is_admin)
+    return Caller(id=row.id, is_admin=row.is_admin, max_priority=row.max_priority)
 
 
 class AmbiguousKey(Exception):
@@ -69,16 +73,32 @@ def list_keys(session: Session) -> list[ApiKey]:
     return list(session.scalars(select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)))
 
 
+def find_by_ident(session: Session, ident: str) -> ApiKey | None:
+    """The key whose id or prefix (as `keys list` shows them) is `ident`; None when none matches.
+    Raises AmbiguousKey when a prefix names several keys."""
+    matches = list(session.scalars(select(ApiKey).where((ApiKey.id == ident) | (ApiKey.prefix == ident))))
+    if len(matches) > 1:
+        raise AmbiguousKey(ident)
+    return matches[0] if matches else None
+
+
+def cap_key(session: Session, ident: str, max_priority: str | None) -> ApiKey | None:
+    """Cap the priority of the jobs of the key `ident` names (find_by_ident) at `max_priority`
+    (None: no cap), from its next request on; None when no key matches."""
+    key = find_by_ident(session, ident)
+    if key is not None:
+        key.max_priority = max_priority
+        session.commit()
+    return key
+
+
 def revoke_key(session: Session, ident: str) -> ApiKey | None:
     """Revoke the key whose id or prefix (as `keys list` shows them) is `ident`; None when none
     matches. Revoking a revoked key keeps its first revocation time. Raises AmbiguousKey when a
     prefix names several keys."""
-    matches = list(session.scalars(select(ApiKey).where((ApiKey.id == ident) | (ApiKey.prefix == ident))))
-    if len(matches) > 1:
-        raise AmbiguousKey(ident)
-    if not matches:
+    key = find_by_ident(session, ident)
+    if key is None:
         return None
-    key = matches[0]
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         session.commit()

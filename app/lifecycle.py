@@ -12,6 +12,8 @@ moved on without it (the reconciler handed the job to another worker), they no l
 | finish         | running               | succeeded / failed / cancelled | worker      | running, its attempt      |
 | release        | running               | queued (attempts - 1), or      | worker      | running, its attempt      |
 |                |                       | cancelled when a cancel came   |             |                           |
+| preempt        | running               | queued (attempts - 1,          | worker      | running, its attempt      |
+|                |                       | preempted + 1), or cancelled   |             |                           |
 | cancel         | queued                | cancelled                      | API         | status = queued           |
 |                | running               | running, cancel_requested      | API         | status = running          |
 | requeue_lost   | running               | queued                         | reconciler  | running, the attempt seen |
@@ -43,6 +45,7 @@ __all__ = [
     "record_epoch",
     "finish",
     "release",
+    "preempt",
     "cancel",
     "requeue_lost",
     "fail_lost",
@@ -93,11 +96,12 @@ def finish(session: Session, job_id: str, attempt: int, status: JobStatus, **val
     return moved == 1
 
 
-def release(session: Session, job_id: str, attempt: int) -> JobStatus | None:
+def release(session: Session, job_id: str, attempt: int, preempted: bool = False) -> JobStatus | None:
     """A worker stopping (shutdown) hands its job back: running -> queued, the attempt not
     counted, so the next one resumes from the last checkpoint; or -> cancelled when a cancel came
     meanwhile. One statement decides, so a cancel is never lost between the two. None when the
-    job moved on without this attempt."""
+    job moved on without this attempt. `preempted`: it gives its worker to a job of higher
+    priority (its `preempted` count goes up)."""
     cancelled = Job.cancel_requested.is_(True)
     status = session.execute(
         update(Job)
@@ -107,11 +111,18 @@ def release(session: Session, job_id: str, attempt: int) -> JobStatus | None:
             attempts=case((cancelled, Job.attempts), else_=Job.attempts - 1),
             finished_at=case((cancelled, utcnow()), else_=None),
             enqueued_at=None,
+            preempted=Job.preempted + 1 if preempted else Job.preempted,
         )
         .returning(Job.status)
     ).scalar()
     session.commit()
     return JobStatus(status) if status else None
+
+
+def preempt(session: Session, job_id: str, attempt: int) -> JobStatus | None:
+    """running -> queued for a job that gives its worker to a higher-priority one (release, with
+    its `preempted` count up by one); it resumes from its last checkpoint."""
+    return release(session, job_id, attempt, preempted=True)
 
 
 def cancel(session: Session, job_id: str) -> None:

@@ -30,11 +30,12 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import bindparam, delete, func, insert, or_, select, union_all
 from sqlalchemy.orm import Session
 
+from app import retention
 from app.config import Settings, get_settings
 from app.keys import Caller
 from app.models import ApiKey, Job, RejectedSubmission, utcnow
 from app.status import JobStatus
-from trainers.spec import TrainingSpec, memory_estimate, parameter_count, test_size, train_size
+from trainers.spec import PRIORITIES, TrainingSpec, memory_estimate, parameter_count, test_size, train_size
 
 RATE_WINDOW_S = 60.0
 
@@ -104,8 +105,9 @@ def _gib(size: int) -> str:
     return f"{size / 1024**3:.2f} GiB"
 
 
-def check_spec(spec: TrainingSpec, settings: Settings | None = None) -> None:
-    """Raise SpecOverLimit listing every limit of `settings` the spec exceeds."""
+def check_spec(spec: TrainingSpec, settings: Settings | None = None, caller: Caller | None = None) -> None:
+    """Raise SpecOverLimit listing every limit of `settings` (and of the `caller`'s key: its
+    priority cap) the spec exceeds."""
     s = settings or get_settings()
     errors = []
     if spec.epochs > s.max_epochs:
@@ -201,15 +203,32 @@ def check_spec(spec: TrainingSpec, settings: Settings | None = None) -> None:
                 "format characters (newlines, NUL, escapes, zero-width or bidi characters)",
             )
         )
+    if caller is not None and (error := _over_priority_cap(spec, caller)):
+        errors.append(error)
+    errors.extend(retention.spec_errors(spec, s))
     if errors:
         raise SpecOverLimit(errors)
 
 
-def apply_limits(spec: TrainingSpec, settings: Settings | None = None) -> TrainingSpec:
-    """The spec, checked (SpecOverLimit) and with max_runtime_s set to the server's limit when it
-    names none: every job has a deadline, and its spec says which."""
+def _over_priority_cap(spec: TrainingSpec, caller: Caller) -> dict | None:
+    cap = caller.max_priority
+    if cap is None or PRIORITIES.index(spec.priority) <= PRIORITIES.index(cap):
+        return None
+    return {
+        "type": "limit_exceeded",
+        "loc": ["body", "priority"],
+        "msg": f"priority {spec.priority} is above this key's cap of {cap} (set by an admin with "
+        f"`trainhub keys cap`): use priority {cap} or lower",
+        "ctx": {"limit": "max_priority", "value": cap},
+    }
+
+
+def apply_limits(spec: TrainingSpec, settings: Settings | None = None, caller: Caller | None = None) -> TrainingSpec:
+    """The spec, checked (SpecOverLimit; with `caller`, against its key's priority cap too) and
+    with max_runtime_s set to the server's limit when it names none: every job has a deadline,
+    and its spec says which."""
     s = settings or get_settings()
-    check_spec(spec, s)
+    check_spec(spec, s, caller)
     if spec.max_runtime_s is None:
         spec = spec.model_copy(update={"max_runtime_s": float(s.max_runtime_s)})
     return spec

@@ -9,6 +9,8 @@ in agreement. The histograms are computed in SQL, one row per label set.
 - trainhub_workers_online{hardware}              gauge: workers with a recent heartbeat
 - trainhub_job_duration_seconds{framework,hardware,status}   histogram: started -> finished
 - trainhub_epoch_duration_seconds{framework,hardware}        histogram: each epoch's training time
+- trainhub_retention_deleted_{jobs,comparisons,sweeps,files,bytes}_total   counters: what retention
+  deleted (app/retention.py), kept in the `counters` table (app/counters.py)
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
-from app import heartbeats
+from app import counters, heartbeats, retention
 from app.db import session_scope
 from app.models import EpochMetric, Job
 from app.schemas import FINISHED
@@ -125,6 +127,23 @@ class TrainhubCollector(Collector):
             rows,
             EPOCH_BUCKETS,
         )
+
+        yield from retention_counters(session)
+
+
+RETENTION_HELP = {
+    retention.DELETED_JOBS: "Finished jobs deleted by retention, with their metrics and artifacts.",
+    retention.DELETED_COMPARISONS: "Comparisons deleted by retention with both their jobs.",
+    retention.DELETED_SWEEPS: "Sweeps deleted by retention with all their trials and their study.",
+    retention.DELETED_FILES: "Files (artifacts, checkpoints; local or S3) deleted by retention.",
+    retention.DELETED_BYTES: "Bytes of the files deleted by retention.",
+}
+
+
+def retention_counters(session: Session) -> Iterator[Metric]:
+    """trainhub_<counter>_total for each of retention's counters (one query)."""
+    for name, value in counters.read(session, RETENTION_HELP).items():
+        yield CounterMetricFamily(f"trainhub_{name}", RETENTION_HELP[name], value=value)
 
 
 registry = CollectorRegistry(auto_describe=False)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy import false as sql_false
+from sqlalchemy.engine.default import DefaultExecutionContext
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from app.queue import queue_name
@@ -50,6 +51,12 @@ class Base(DeclarativeBase):
     pass
 
 
+def _spec_retention_days(context: DefaultExecutionContext) -> int | None:
+    """Job.retention_days of a row inserted without one: its spec's `retention_days`."""
+    spec = context.get_current_parameters().get("spec") or {}
+    return spec.get("retention_days")
+
+
 class ApiKey(Base):
     """An API key. Only the sha256 of the secret is stored; `prefix` identifies it in listings."""
 
@@ -64,6 +71,8 @@ class ApiKey(Base):
     # An admin key sees (and may cancel and download) every job and names every worker's job;
     # a user key only its own. Made with `trainhub keys create --admin`.
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sql_false())
+    # The highest priority its jobs may ask for (trainers.spec.PRIORITIES); null: any.
+    max_priority: Mapped[str | None] = mapped_column(String(8))
 
 
 class Job(Base):
@@ -86,7 +95,8 @@ class Job(Base):
     epoch: Mapped[int] = mapped_column(Integer, default=0)  # epochs finished so far
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Indexed for retention (app/retention.py): the expired jobs are a range of it.
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     timings: Mapped[dict | None] = mapped_column(JSON)
@@ -99,6 +109,13 @@ class Job(Base):
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The uploaded dataset it trains on (spec.dataset.id): deleting one waits for its active jobs.
     dataset_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    # spec.retention_days (days kept after it ends; null: the server's), copied from the spec at
+    # insert by whoever writes the row, so retention finds such jobs by index (0016).
+    retention_days: Mapped[int | None] = mapped_column(Integer, default=_spec_retention_days)
+    # Its place in its queue: the index of spec.priority in trainers.spec.PRIORITIES (0 low,
+    # 1 normal, 2 high), and how many times a higher-priority job took its worker.
+    priority: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    preempted: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # A sweep's trial: the sweep, the trial's number in its Optuna study, the values the trial
     # set ({dotted path: value}). (sweep_id, trial_number, framework) is unique: no trial twice.
     sweep_id: Mapped[str | None] = mapped_column(ForeignKey("sweeps.id"), index=True)
@@ -117,17 +134,25 @@ class Job(Base):
         UniqueConstraint("sweep_id", "trial_number", "framework", name="uq_jobs_sweep_trial"),
         Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),  # a key's recent jobs (rate limit)
         Index("ix_jobs_owner_id_status", "owner_id", "status"),  # a key's queued jobs (quota)
-        # The queued jobs of a queue by key, oldest first (app/scheduling.py: the next job, and
-        # queue_position); only queued rows are indexed.
+        # The queued jobs of a queue by priority and key, oldest first (app/scheduling.py: the
+        # next job, and queue_position); only queued rows are indexed.
         Index(
             "ix_jobs_queued_by_owner",
             "hardware",
             "framework",
             "devices",
+            "priority",
             "owner_id",
             "created_at",
             postgresql_where=text("status = 'queued'"),
             sqlite_where=text("status = 'queued'"),
+        ),
+        # The finished jobs with a retention of their own (app/retention.py); few rows, as they go.
+        Index(
+            "ix_jobs_own_retention",
+            "finished_at",
+            postgresql_where=text("retention_days IS NOT NULL"),
+            sqlite_where=text("retention_days IS NOT NULL"),
         ),
         # A key's latest claim in a queue (app/scheduling.py: who was served longest ago).
         Index("ix_jobs_owner_queue_started", "owner_id", "hardware", "framework", "devices", "started_at"),
@@ -278,3 +303,14 @@ class Comparison(Base):
 
     jax_job: Mapped[Job] = relationship(foreign_keys=[jax_job_id], lazy="joined")
     pytorch_job: Mapped[Job] = relationship(foreign_keys=[pytorch_job_id], lazy="joined")
+
+
+class Counter(Base):
+    """A named number every process shares, kept in the database so that it survives restarts
+    and every API process reports the same: the totals of app/counters.py (retention's deleted
+    rows and files), and retention's schedule (when its next run is due)."""
+
+    __tablename__ = "counters"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

@@ -90,6 +90,7 @@ def job(
             "waiting_reason": jobs.waiting_reason(session, row, served, position),
             "queue_position": position,
             "attempts": row.attempts,
+            "preempted": row.preempted or 0,
             "progress": {"epoch": row.epoch, "epochs": row.epochs},
             "metrics": [metric(m) for m in row.metrics] if started else [],
             "timings": row.timings,

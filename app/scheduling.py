@@ -1,8 +1,11 @@
-"""Which queued job of a queue runs next: a fair share across keys, and where a job stands.
+"""Which queued job of a queue runs next: priorities, a fair share across keys, where a job
+stands, and which running job gives its worker to a higher-priority one.
 
-Every queue (`<hardware>.<framework>[.x<devices>]`) is shared by every key. Taken in order of
-arrival, one key's hundred week-long jobs would hold it for months; instead the next job is
-taken round robin across the keys with jobs waiting in the queue, in this order (`turns`):
+Every queue (`<hardware>.<framework>[.x<devices>]`) is shared by every key. Its jobs are taken
+by priority (spec.priority: every high job before every normal one, normal before low). Within
+a level, taken in order of arrival one key's hundred week-long jobs would hold it for months;
+instead the next job is taken round robin across the keys with jobs waiting at that level, in
+this order (`turns`):
 
 1. the key with the fewest jobs running in this queue;
 2. then the key served here longest ago (its latest claim in the queue; never served: first);
@@ -13,9 +16,12 @@ not an order to run its own job: the worker that takes one claims the job this o
 a queue holds as many turns as queued jobs and none is lost when a job is taken out of turn
 (workers/runner.py; the reconciler counts turns the same way).
 
-`position` follows the same order, round by round: the first queued job of every key in turn
-order, then every key's second, and so on. Jobs that end sooner or later than others reorder
-later rounds, so a position past the first round is the best estimate, not a promise.
+`position` follows the same order: every queued job of a higher level first, then round by
+round within the job's level: the first queued job of every key in turn order, then every key's
+second, and so on. Jobs that end sooner or later than others reorder later rounds, so a position
+past the first round is the best estimate, not a promise.
+
+`preempting` says when a running job should give its worker back (see its docstring).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from datetime import UTC, datetime
 from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
-from app.models import Job, aware
+from app.models import Job, Worker, aware
+from app.queue import queue_name
 from app.status import JobStatus
 
 _QUEUED = JobStatus.QUEUED.value
@@ -44,6 +51,7 @@ class Turn:
     running: int
     last_claimed: datetime | None
     before: int = 0
+    higher: int = 0  # queued jobs of the queue at higher priority levels
 
     def order(self) -> tuple:
         never = datetime.min.replace(tzinfo=self.head.tzinfo)
@@ -73,7 +81,7 @@ _waiting = (
         func.min(Job.created_at).label("head"),
         func.count().filter(_BEFORE).label("before"),
     )
-    .where(Job.status == _QUEUED, *_in_queue(Job))
+    .where(Job.status == _QUEUED, *_in_queue(Job), Job.priority == bindparam("priority"))
     .group_by(Job.owner_id)
     .subquery()
 )
@@ -91,24 +99,38 @@ _TURNS = select(
     .where(_other.owner_id == _waiting.c.owner_id, *_in_queue(_other))
     .scalar_subquery()
     .label("last_claimed"),
+    # the same in every row: the queued jobs of the higher levels
+    select(func.count())
+    .where(_other.status == _QUEUED, *_in_queue(_other), _other.priority > bindparam("priority"))
+    .scalar_subquery()
+    .label("higher"),
 )
 _OLDEST_OF_OWNER = (
     select(Job.id)
-    .where(Job.status == _QUEUED, Job.owner_id == bindparam("owner_id"), *_in_queue(Job))
+    .where(
+        Job.status == _QUEUED,
+        Job.owner_id == bindparam("owner_id"),
+        *_in_queue(Job),
+        Job.priority == bindparam("priority"),
+    )
     .order_by(Job.created_at, Job.id)
     .limit(1)
 )
+_TOP_LEVEL = select(func.max(Job.priority)).where(Job.status == _QUEUED, *_in_queue(Job))
+_HIGHER = select(func.count()).where(Job.status == _QUEUED, *_in_queue(Job), Job.priority > bindparam("priority"))
 
 
 def _queue(hardware: str, framework: str, devices: int) -> dict:
     return {"hardware": hardware, "framework": framework, "devices": devices}
 
 
-def turns(session: Session, hardware: str, framework: str, devices: int = 1, job: Job | None = None) -> list[Turn]:
-    """The keys with jobs queued in the queue, the one served next first; with `job`, each turn's
-    `before` counts the key's queued jobs created before it."""
+def turns(
+    session: Session, hardware: str, framework: str, devices: int, priority: int, job: Job | None = None
+) -> list[Turn]:
+    """The keys with jobs queued at `priority` in the queue, the one served next first; with
+    `job`, each turn's `before` counts the key's queued jobs created before it."""
     moment = (job.created_at, job.id or "") if job is not None else (datetime.max.replace(tzinfo=UTC), "")
-    params = {**_queue(hardware, framework, devices), "created_at": moment[0], "id": moment[1]}
+    params = {**_queue(hardware, framework, devices), "priority": priority, "created_at": moment[0], "id": moment[1]}
     found = [
         Turn(
             row.owner_id,
@@ -117,6 +139,7 @@ def turns(session: Session, hardware: str, framework: str, devices: int = 1, job
             row.busy,
             aware(row.last_claimed) if row.last_claimed else None,
             row.before,
+            row.higher,
         )
         for row in session.execute(_TURNS, params)
     ]
@@ -125,16 +148,22 @@ def turns(session: Session, hardware: str, framework: str, devices: int = 1, job
 
 def next_job(session: Session, hardware: str, framework: str, devices: int = 1) -> str | None:
     """The id of the queued job of the queue that runs next, or None when none waits."""
-    waiting = turns(session, hardware, framework, devices)
-    if not waiting:
+    queue = _queue(hardware, framework, devices)
+    level = session.scalar(_TOP_LEVEL, queue)
+    if level is None:
         return None
-    return session.scalar(_OLDEST_OF_OWNER, {**_queue(hardware, framework, devices), "owner_id": waiting[0].owner_id})
+    waiting = turns(session, hardware, framework, devices, level)
+    return session.scalar(_OLDEST_OF_OWNER, {**queue, "priority": level, "owner_id": waiting[0].owner_id})
 
 
 def position(session: Session, job: Job) -> int:
     """1 when `job` (queued, stored or about to be) runs next in its queue, 2 when one job comes
-    first, and so on, by the round-robin order of the module docstring. One query."""
-    waiting = turns(session, job.hardware, job.framework, job.devices or 1, job=job)
+    first, and so on, by the order of the module docstring. One query (two for the first job of a
+    level, not yet stored)."""
+    queue = _queue(job.hardware, job.framework, job.devices or 1)
+    level = job.priority if job.priority is not None else 1
+    waiting = turns(session, **queue, priority=level, job=job)
+    higher = waiting[0].higher if waiting else session.scalar(_HIGHER, {**queue, "priority": level}) or 0
     own = next((turn for turn in waiting if turn.owner_id == job.owner_id), None)
     if own is None:  # its key's first job in the queue, not yet stored
         own = Turn(job.owner_id, 1, aware(job.created_at), 0, None, 0)
@@ -146,4 +175,75 @@ def position(session: Session, job: Job) -> int:
         if turn is not own:
             # every other key's jobs of the earlier rounds, and this round's of the keys before it
             ahead += min(turn.queued, rank - 1) + (turn.queued >= rank and index < own_turn)
-    return ahead + 1
+    return higher + ahead + 1
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running job as `preempting` weighs it."""
+
+    id: str
+    priority: int
+    started_at: datetime | None
+
+
+def preempting(session: Session, job: Running, hardware: str, serves: list[str], online_since: datetime) -> str | None:
+    """The id of the queued job that the running `job` (on a worker serving the queues `serves`
+    of `hardware`) should give its worker to, or None.
+
+    A job of higher priority waiting in one of those queues takes a worker when no online
+    worker (heartbeat after `online_since`, broker reachable) serving its queue is free (a
+    worker whose job is no longer running counts as free: it just gave it back). Then, of the
+    running jobs of lower priority on the workers serving its queue, the one of lowest priority
+    and, among those, the last started (the least work to redo) gives its worker; one running
+    job for each waiting one, the waiting jobs taken in the order the queue runs them."""
+    waiting = [
+        w
+        for w in session.execute(
+            select(Job.id, Job.hardware, Job.framework, Job.devices, Job.priority)
+            .where(Job.status == _QUEUED, Job.hardware == hardware, Job.priority > job.priority)
+            .order_by(Job.priority.desc(), Job.created_at, Job.id)
+        )
+        if queue_name(w.hardware, w.framework, w.devices) in serves
+    ]
+    if not waiting:
+        return None
+    workers = list(
+        session.execute(
+            select(Worker.queues, Worker.current_job_id).where(Worker.last_seen >= online_since, Worker.broker_ok)
+        )
+    )
+    current = [w.current_job_id for w in workers if w.current_job_id]
+    running = (
+        {
+            r.id: Running(r.id, r.priority, r.started_at)
+            for r in session.execute(
+                select(Job.id, Job.priority, Job.started_at).where(
+                    Job.id.in_(current), Job.status == JobStatus.RUNNING.value
+                )
+            )
+        }
+        if current
+        else {}
+    )
+    taken: set[str] = set()
+    for w in waiting:
+        queue = queue_name(w.hardware, w.framework, w.devices)
+        serving = [worker for worker in workers if queue in worker.queues]
+        if any(worker.current_job_id not in running for worker in serving):
+            continue  # a free worker of its queue will take it
+        candidates = sorted(
+            (
+                running[worker.current_job_id]
+                for worker in serving
+                if running[worker.current_job_id].priority < w.priority
+            ),
+            key=lambda r: (r.priority, -(aware(r.started_at).timestamp() if r.started_at else 0.0), r.id),
+        )
+        victim = next((r for r in candidates if r.id not in taken), None)
+        if victim is None:
+            continue
+        if victim.id == job.id:
+            return str(w.id)
+        taken.add(victim.id)
+    return None

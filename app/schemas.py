@@ -100,6 +100,7 @@ class Job(BaseModel):
         "on N devices), 2 for the one after...",
     )
     attempts: int
+    preempted: int = Field(0, description="How many times a job of higher priority took its worker (it resumed).")
     progress: Progress
     metrics: list[EpochMetrics]
     timings: dict[str, float] | None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -25,6 +25,7 @@ from app.config import Settings, get_settings
 
 S3_SCHEME = "s3://"
 CHUNK_BYTES = 1 << 20
+S3_DELETE_BATCH = 1000  # the most keys S3's DeleteObjects takes in one request
 
 
 class ArtifactMissing(Exception):
@@ -164,6 +165,26 @@ class S3Store:
         """Remove the object at `location` (S3 answers success when there is none)."""
         bucket, key = split_s3(location)
         self.client.delete_object(Bucket=bucket, Key=key)
+
+    def delete_many(self, locations: Sequence[str]) -> None:
+        """Remove the objects at `locations` (all in this store's bucket), S3_DELETE_BATCH per
+        request; ones already gone are fine. Raises StoreUnavailable when the store does not
+        answer or refuses to delete one."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        keys = [split_s3(location)[1] for location in locations]
+        for start in range(0, len(keys), S3_DELETE_BATCH):
+            objects = [{"Key": key} for key in keys[start : start + S3_DELETE_BATCH]]
+            try:
+                answer = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            except (BotoCoreError, ClientError) as exc:
+                raise StoreUnavailable(f"cannot delete from bucket {self.bucket!r}: {exc}") from exc
+            if errors := answer.get("Errors"):
+                first = errors[0]
+                raise StoreUnavailable(
+                    f"bucket {self.bucket!r} kept {len(errors)} objects, e.g. {first.get('Key')!r}: "
+                    f"{first.get('Code')} {first.get('Message')}"
+                )
 
     def stream(self, location: str, byte_range: ByteRange | None = None) -> Iterator[bytes]:
         """The object's bytes (or `byte_range` of them) in chunks of CHUNK_BYTES."""

@@ -24,6 +24,8 @@ DatasetName = Literal["mnist", "fashion-mnist", "digits", "synthetic"]
 # The one list of each, used by the API, the workers, the CLI and the dashboard.
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 HARDWARE: tuple[str, ...] = get_args(Hardware)
+Priority = Literal["low", "normal", "high"]
+PRIORITIES: tuple[str, ...] = get_args(Priority)  # lowest first: a job's level is its index
 
 MAX_EPOCHS = 1000
 MAX_BATCH_SIZE = 65536
@@ -35,6 +37,7 @@ MAX_RUNTIME_S = 7 * 24 * 3600  # the broker's visibility timeout (app/config.py)
 MAX_LABELS = 32
 MAX_LABEL_KEY_CHARS = 64
 MAX_LABEL_VALUE_CHARS = 256
+MAX_RETENTION_DAYS = 36500  # 100 years: a bound that keeps date arithmetic far from overflow
 
 
 class _Strict(BaseModel):
@@ -341,6 +344,11 @@ class TrainingSpec(_Strict):
         Field(max_length=MAX_LABELS),
     ] = Field(default_factory=dict)
     privacy: PrivacySpec | None = _new(None, description="Per-example gradient clipping and noise (DP-SGD).")
+    priority: Priority = _new(
+        "normal",
+        description="Its place in its queue: every high job before every normal one, normal before low (the "
+        "keys' fair share applies within a level). A waiting high job may preempt a running low one.",
+    )
     precision: Literal["fp32", "bf16"] = _new(
         "fp32", description="bf16: params and optimizer in fp32, the forward and backward in bfloat16 (gpu, tpu)."
     )
@@ -349,6 +357,11 @@ class TrainingSpec(_Strict):
         description="Data parallel over this many devices of the hardware (JAX: a sharded mesh; PyTorch: DDP, "
         "one process per device); batch_size is the global batch. The job waits in queue "
         "<hardware>.<framework>.x<N> until a worker owning N devices is online.",
+    )
+    retention_days: Annotated[int, Field(ge=1, le=MAX_RETENTION_DAYS)] | None = _new(
+        None,
+        description="Days the finished job (its metrics and artifacts) is kept before it is deleted: at most the "
+        "server's TRAINHUB_RETENTION_DAYS. Unset: the server's retention (forever when it has none).",
     )
 
     @model_validator(mode="after")

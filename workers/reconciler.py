@@ -19,6 +19,8 @@ once are harmless.
    compare-and-set on the row.
 4. Sweeps: every running sweep's turn is taken (app/sweeps/service.advance), which repairs what
    a crash between a trial's end and its sweep's turn left undone.
+5. Retention: at most once per `retention_interval_s` across the fleet, one worker deletes the
+   expired finished jobs with their files (app/retention.py), for a few seconds per heartbeat.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from datetime import datetime, timedelta
 import redis
 from sqlalchemy import select
 
-from app import jobs, lifecycle
+from app import jobs, lifecycle, retention
 from app.config import get_settings
 from app.db import session_scope
 from app.lifecycle import JobStatus
@@ -60,6 +62,7 @@ def reconcile() -> None:
     send_unsent_jobs()
     resend_lost_messages()
     sweeps.advance_running()
+    retention.delete_expired_if_due()
 
 
 def requeue_lost_jobs() -> None:

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from app.db import is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
 from app.sweeps import service as sweeps
-from trainers.spec import JobSpec
+from trainers.spec import PRIORITIES, JobSpec
 from workers import comparisons, dataset_cache
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ shutting_down = threading.Event()
 
 # A running job looks at its cancel flag at most this often (seconds), between chunks of steps.
 CANCEL_POLL_S = 0.5
+# And whether a job of higher priority waits for its worker (app/scheduling.preempting).
+PREEMPT_POLL_S = 1.0
 
 # Errors a job's user can act on, by exception class name, shown with their own message. Any
 # other exception is "internal": its details (which may hold SQL, a server path or a driver's
@@ -74,12 +76,15 @@ def run(
         return "skipped"
     job_id, claimed_at, attempt = claimed
     try:
-        return train(job_id, attempt, claimed_at, worker)
+        return train(job_id, attempt, claimed_at, worker, serves or [])
     except trainers.StopTraining as stop:
         if stop.reason == JobStatus.CANCELLED:
             return finish(job_id, attempt, JobStatus.CANCELLED)
         if stop.reason == "shutdown":
             return release(job_id, attempt)
+        if stop.reason == "preempted":
+            log.info("job %s gives its worker to a job of higher priority: %s", job_id, stop)
+            return release(job_id, attempt, preempted=True)
         if isinstance(stop, Pruned):
             return finish(
                 job_id,
@@ -115,11 +120,15 @@ def user_error(job_id: str, exc: Exception) -> dict:
     }
 
 
-def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict) -> str:
+def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict, serves: list[str]) -> str:
     """Fit the claimed job, store its artifacts and end it succeeded."""
     spec, created_at = retrying(lambda: read_spec(job_id))
     workdir = get_settings().resolved_artifact_dir() / job_id
     hooks = JobHooks(job_id, attempt, spec.max_runtime_s, retrying(lambda: trial_hook(job_id)))
+    if get_settings().preemption and serves:
+        hooks.preemptible(
+            scheduling.Running(job_id, PRIORITIES.index(spec.priority), claimed_at), spec.hardware, serves
+        )
     dataset_file, data_timings = dataset_cache.fetch_for(spec)
     result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop, run_options(dataset_file))
     retrying(lambda: store_artifacts(job_id, workdir, result.artifacts))
@@ -225,6 +234,12 @@ class JobHooks:
         self.deadline = time.monotonic() + max_runtime_s if max_runtime_s else None
         self.max_runtime_s = max_runtime_s
         self.last_poll = 0.0
+        self.preemption: tuple[scheduling.Running, str, list[str]] | None = None
+        self.last_preempt_check = time.monotonic()
+
+    def preemptible(self, job: scheduling.Running, hardware: str, serves: list[str]) -> None:
+        """Give the worker to a waiting job of higher priority when app/scheduling.py says so."""
+        self.preemption = (job, hardware, serves)
 
     def report(self, epoch: int, metrics: trainers.EpochMetrics) -> None:
         """Store the epoch's metrics (once, even if reported again) and the job's progress; retried
@@ -270,6 +285,22 @@ class JobHooks:
             raise trainers.StopTraining(JobStatus.CANCELLED, "cancelled by the user")
         if row.status != JobStatus.RUNNING or row.attempts != self.attempt:
             raise trainers.StopTraining("superseded", "the job was handed to another worker")
+        if self.preemption is not None and now - self.last_preempt_check >= PREEMPT_POLL_S:
+            self.last_preempt_check = now
+            if (waiting := self._waiting_for_worker()) is not None:
+                raise trainers.StopTraining("preempted", f"job {waiting} of higher priority waits for this worker")
+
+    def _waiting_for_worker(self) -> str | None:
+        assert self.preemption is not None
+        job, hardware, serves = self.preemption
+        since = utcnow() - timedelta(seconds=get_settings().worker_timeout_s)
+        try:
+            with session_scope() as session:
+                return scheduling.preempting(session, job, hardware, serves, since)
+        except Exception as exc:  # only a look: training goes on, and looks again later
+            if not is_transient(exc):
+                raise
+            return None
 
     def _read_flags(self) -> Any:
         with session_scope() as session:
@@ -305,14 +336,14 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def release(job_id: str, attempt: int) -> str:
-    """Put a job this worker stops (on shutdown, or after a database outage) back in its queue
-    (lifecycle.release); the next attempt resumes from the last checkpoint. A cancel that came
-    meanwhile ends it cancelled."""
+def release(job_id: str, attempt: int, preempted: bool = False) -> str:
+    """Put a job this worker stops (on shutdown, after a database outage, or `preempted` by a job
+    of higher priority) back in its queue (lifecycle.release); the next attempt resumes from the
+    last checkpoint. A cancel that came meanwhile ends it cancelled."""
 
     def attempt_release() -> JobStatus | None:
         with session_scope() as session:
-            status = lifecycle.release(session, job_id, attempt)
+            status = lifecycle.release(session, job_id, attempt, preempted=preempted)
             if status == JobStatus.QUEUED:
                 job = session.get(Job, job_id)
                 assert job is not None  # release just moved its row back to queued

@@ -355,6 +355,7 @@ def render(session: Session, sweep: Sweep) -> SweepOut:
         finished_at=sweep.finished_at,
         trials=TrialCounts(**counts),
         best=best,
+        best_spec=found[best.number][0].spec if best is not None else None,
         budget=Budget(
             trials=len(found), max_trials=spec.max_trials, train_s=train_seconds(found), max_total_s=spec.max_total_s
         ),

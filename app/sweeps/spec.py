@@ -193,6 +193,7 @@ class Sweep(BaseModel):
     finished_at: Timestamp | None
     trials: TrialCounts
     best: Trial | None = Field(None, description="The completed trial with the best objective.")
+    best_spec: dict[str, Any] | None = Field(None, description="The job spec the best trial ran (its first job's).")
     budget: Budget
 
 

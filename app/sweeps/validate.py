@@ -28,6 +28,7 @@ FIXED = {
     "framework": "use the sweep's frameworks",
     "dataset.id": "a sweep trains on one dataset",
     "dataset.info": "set by the server",
+    "priority": "every trial takes base.priority",
 }
 REGRESSION_ONLY = ("test_rmse", "test_mae", "test_r2")
 CLASSIFICATION_ONLY = ("train_accuracy", "test_accuracy")
@@ -111,7 +112,7 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
     try:
         for framework in named:
             job = records.with_dataset(session, owner, JobSpec.model_validate({**base, "framework": framework}))
-            limits.check_spec(job)
+            limits.check_spec(job, caller=owner)
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ["body", "base", *e["loc"]]} for e in exc.errors(include_url=False)]

@@ -124,6 +124,9 @@ def test_trials_run_to_a_best_trial_and_the_sweep_ends_with_none_running(api, au
     assert done["status"] == "succeeded" and done["trials"]["succeeded"] == 3 and done["finished_at"]
     assert sorted(t["params"]["optimizer.learning_rate"] for t in trials) == [0.003, 0.03, 0.3]
     assert done["best"]["objective"] == max(t["objective"] for t in trials)
+    best_job = api.get(f"/jobs/{done['best']['job_id']}", headers=auth).json()
+    assert done["best_spec"] == best_job["spec"]
+    assert done["best_spec"]["optimizer"]["learning_rate"] == done["best"]["params"]["optimizer.learning_rate"]
     assert done["budget"]["train_s"] > 0
     from app.sweeps import study
 
@@ -199,3 +202,16 @@ def test_a_sweep_in_both_frameworks_runs_each_trial_as_a_comparison_judged_by_th
         assert comparison["jobs"]["jax"]["id"] == trial["jobs"]["jax"]
         assert comparison["status"] == "succeeded" and comparison["parity"]["passed"]
     assert done["best"]["objective"] == max(t["objective"] for t in trials)
+
+
+def test_no_trial_starts_once_max_total_s_of_train_time_is_spent(api, auth):
+    from workers import runner
+
+    worker = {"name": "test:budget", "hostname": "test", "hardware": "cpu", "devices": ["cpu:0"], "versions": {}}
+    body = sweep_body(max_trials=5, parallelism=1, max_total_s=0.001, base={**BASE, "epochs": 1})
+    sweep = api.post("/sweeps", json=body, headers=auth).json()
+    (trial,) = api.get(f"/sweeps/{sweep['id']}/trials", headers=auth).json()["items"]
+    assert runner.run(trial["job_id"], worker, serves=["cpu.jax"]) == "succeeded"
+    done = api.get(f"/sweeps/{sweep['id']}", headers=auth).json()
+    assert done["status"] == "succeeded" and done["budget"]["trials"] == 1
+    assert done["budget"]["train_s"] >= done["budget"]["max_total_s"]

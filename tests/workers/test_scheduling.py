@@ -131,3 +131,121 @@ def test_the_reconciler_counts_a_spare_turn_and_resends_only_what_no_turn_covers
         queued = set(session.scalars(select(Job.id).where(Job.status == "queued")))
     assert queued == {hers[1], his[0]}
     assert all(any(job_id.encode() in m for m in messages) for job_id in queued)
+
+
+def test_priorities_come_first_and_the_fair_share_holds_within_a_level(api, make_key):
+    alice, bob = bearer(make_key("alice")), bearer(make_key("bob"))
+    low = submit(api, alice, 1, priority="low")
+    normal = submit(api, alice, 2)
+    high = submit(api, bob, 1, priority="high")
+    order = [*high, *normal, *low]
+    positions = [api.get(f"/jobs/{j}", headers=bob if j in high else alice).json()["queue_position"] for j in order]
+    assert positions == [1, 2, 3, 4]
+    assert [run_one(low[0]) for _ in order] == order  # any message's turn takes the highest level first
+
+
+def test_a_key_capped_at_a_priority_cannot_ask_for_more(api, services_env):
+    from app.db import session_scope
+    from app.keys import create_key
+
+    with session_scope() as session:
+        capped = bearer(create_key(session, "capped", max_priority="normal")[1])
+    refused = api.post("/jobs", json={**DIGITS, "priority": "high"}, headers=capped)
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["loc"] == ["body", "priority"] and "cap of normal" in refused.text
+    assert api.post("/jobs", json={**DIGITS, "priority": "normal"}, headers=capped).status_code == 201
+    assert api.post("/comparisons", json={"dataset": {"name": "digits"}, "priority": "high"},
+                    headers=capped).status_code == 422
+
+
+def beat(name: str, queues: list[str], current_job_id: str | None) -> None:
+    from app.db import session_scope
+    from app.models import Worker, utcnow
+
+    with session_scope() as session:
+        session.merge(Worker(name=name, hostname="host", hardware="cpu", queues=queues, devices=["cpu:0"],
+                             versions={}, current_job_id=current_job_id, last_seen=utcnow(), broker_ok=True))
+        session.commit()
+
+
+@pytest.fixture
+def no_heartbeats(services_env):
+    """No workers' heartbeats but this test's, before and after it."""
+    from app.db import session_scope
+
+    def clear() -> None:
+        with session_scope() as session:
+            session.execute(text("DELETE FROM workers"))
+            session.commit()
+
+    clear()
+    yield
+    clear()
+
+
+def test_a_waiting_high_job_takes_the_worker_of_the_latest_low_job_only_when_no_worker_is_free(
+    api, auth, no_heartbeats
+):
+    from app import scheduling
+    from app.db import session_scope
+    from app.models import Job, Worker, utcnow
+    from workers import runner
+
+    first, second = submit(api, auth, 2, priority="low")
+    for job_id, worker in ((first, "w:1"), (second, "w:2")):
+        assert runner.claim(job_id, {**WORKER, "name": worker})[0] == job_id
+        beat(worker, ["cpu.jax", "cpu.pytorch"], job_id)
+
+    def yields(job_id: str) -> str | None:
+        with session_scope() as session:
+            job = session.get(Job, job_id)
+            running = scheduling.Running(job.id, job.priority, job.started_at)
+            return scheduling.preempting(session, running, "cpu", ["cpu.jax", "cpu.pytorch"],
+                                         utcnow() - timedelta(seconds=30))
+
+    assert yields(first) is None and yields(second) is None  # nothing waits
+    (normal,) = submit(api, auth, 1, framework="pytorch")  # served by the same workers
+    assert yields(first) is None and yields(second) == normal  # the later started goes, once
+    beat("w:3", ["cpu.pytorch"], None)  # a free worker will take it: nobody yields
+    assert yields(second) is None
+    with session_scope() as session:
+        session.execute(text("DELETE FROM workers WHERE name = 'w:3'"))
+        session.commit()
+    # The job that yielded is back in the queue (preempted once); its worker counts as free now.
+    with session_scope() as session:
+        job = session.get(Job, second)
+        from app import lifecycle
+
+        assert lifecycle.preempt(session, second, job.attempts) == "queued"
+    assert yields(first) is None
+    with session_scope() as session:
+        job = session.get(Job, second)
+        assert job.status == "queued" and job.preempted == 1 and job.attempts == 0
+        assert session.get(Worker, "w:2") is not None
+
+
+def test_keys_are_capped_and_uncapped_from_the_cli(api, services_env):
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    runner = CliRunner()
+    created = runner.invoke(cli, ["keys", "create", "--name", "team", "--max-priority", "low"])
+    assert created.exit_code == 0, created.output
+    key = bearer(created.output.strip().splitlines()[-1])
+    assert api.post("/jobs", json={**DIGITS, "priority": "normal"}, headers=key).status_code == 422
+    prefix = created.output.strip().splitlines()[-1][:10]
+    capped = runner.invoke(cli, ["keys", "cap", prefix, "--max-priority", "normal"])
+    assert capped.exit_code == 0 and "capped at priority normal" in capped.output
+    assert api.post("/jobs", json={**DIGITS, "priority": "normal"}, headers=key).status_code == 201
+    assert api.post("/jobs", json={**DIGITS, "priority": "high"}, headers=key).status_code == 422
+    lifted = runner.invoke(cli, ["keys", "cap", prefix])
+    assert lifted.exit_code == 0 and "no longer capped" in lifted.output
+    assert api.post("/jobs", json={**DIGITS, "priority": "high"}, headers=key).status_code == 201
+    assert runner.invoke(cli, ["keys", "cap", "th_nosuch"]).exit_code == 1
+
+
+def test_submit_priority_sets_the_spec_field():
+    from app.cli import spec_from_options
+
+    assert spec_from_options(None, priority="high", epochs=2) == {"priority": "high", "epochs": 2}

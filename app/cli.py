@@ -216,6 +216,9 @@ def keys_create(
     max_priority: Annotated[
         Optional[Priority], typer.Option(help="the highest priority its jobs may ask for (default: any)")
     ] = None,
+    scrape: Annotated[
+        bool, typer.Option("--scrape", help="reads the service-wide /metrics and nothing else (for Prometheus)")
+    ] = False,
 ) -> None:
     """Create an API key; the secret is printed once, on the last line of stdout (only its
     sha256 is stored)."""
@@ -227,8 +230,10 @@ def keys_create(
         fail("--name must be 1 to 200 printable characters")
     open_database(init, var_dir)
     with session_scope() as session:
-        key, secret = create_key(session, name, admin=admin, max_priority=max_priority.value if max_priority else None)
-    kind = "admin key" if admin else "key"
+        key, secret = create_key(
+            session, name, admin=admin, max_priority=max_priority.value if max_priority else None, scrape_only=scrape
+        )
+    kind = "admin key" if admin else "scrape key" if scrape else "key"
     console.print(
         f"created {kind} {key.prefix}… (id {key.id}) named {escape(repr(name))}; store it now, it is not shown again"
     )
@@ -240,7 +245,8 @@ def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="print the keys as JSON")] = False,
     var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
 ) -> None:
-    """Every key: id, prefix, name, admin, created and revoked times (never a secret or hash)."""
+    """Every key: id, prefix, name, kind (admin, scrape), priority cap, created and revoked times
+    (never a secret or hash)."""
     from app.db import session_scope
     from app.keys import list_keys
     from app.models import rfc3339
@@ -253,6 +259,8 @@ def keys_list(
                 "prefix": k.prefix,
                 "name": k.name,
                 "admin": k.is_admin,
+                "scrape": k.scrape_only,
+                "max_priority": k.max_priority,
                 "created_at": rfc3339(k.created_at),
                 "revoked_at": rfc3339(k.revoked_at) if k.revoked_at else None,
             }
@@ -262,14 +270,15 @@ def keys_list(
         print(json.dumps(rows, indent=2))
         return
     table = Table(title="API keys")
-    for column in ("id", "prefix", "name", "admin", "created", "revoked"):
+    for column in ("id", "prefix", "name", "kind", "max priority", "created", "revoked"):
         table.add_column(column)
     for row in rows:
         table.add_row(
             str(row["id"]),
             f"{row['prefix']}…",
             escape(str(row["name"])),
-            "yes" if row["admin"] else "",
+            "admin" if row["admin"] else "scrape" if row["scrape"] else "",
+            str(row["max_priority"] or ""),
             str(row["created_at"])[:19],
             str(row["revoked_at"] or "")[:19],
         )

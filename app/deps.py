@@ -39,7 +39,16 @@ def current_user(
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"}
         )
+    if key.scrape_only and request.url.path != SCRAPE_PATH:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"this is a scrape key: it reads {SCRAPE_PATH} and nothing else; use a user key for this request",
+        )
     return key
+
+
+# The one route a scrape-only key may call.
+SCRAPE_PATH = "/metrics"
 
 
 def _missing_key_message(authorization: str | None) -> str:

@@ -44,14 +44,14 @@ def online_workers(session: Session) -> list[Worker]:
     return list(session.scalars(select(Worker).where(Worker.last_seen >= online_since(), Worker.broker_ok)))
 
 
-def queue_depths(session: Session) -> dict[str, int]:
-    """Queued jobs per queue (`Job.queue`), every known one-device queue included (0 when empty)."""
+def queue_depths(session: Session, owner_id: str | None = None) -> dict[str, int]:
+    """Queued jobs per queue (`Job.queue`), every known one-device queue included (0 when empty);
+    with `owner_id`, that key's only."""
     depths = dict.fromkeys(KNOWN_QUEUES, 0)
-    rows = session.execute(
-        select(Job.hardware, Job.framework, Job.devices, func.count())
-        .where(Job.status == JobStatus.QUEUED)
-        .group_by(Job.hardware, Job.framework, Job.devices)
-    )
+    query = select(Job.hardware, Job.framework, Job.devices, func.count()).where(Job.status == JobStatus.QUEUED)
+    if owner_id is not None:
+        query = query.where(Job.owner_id == owner_id)
+    rows = session.execute(query.group_by(Job.hardware, Job.framework, Job.devices))
     for hardware, framework, devices, count in rows:
         depths[queue_name(hardware, framework, devices)] = count
     return depths

@@ -20,12 +20,22 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create_key(session: Session, name: str, admin: bool = False, max_priority: str | None = None) -> tuple[ApiKey, str]:
+def create_key(
+    session: Session, name: str, admin: bool = False, max_priority: str | None = None, scrape_only: bool = False
+) -> tuple[ApiKey, str]:
     """Store a new key named `name`; return its row and the secret (the only time it is seen).
-    An `admin` key sees every job and worker; a user key only its own jobs. `max_priority`
-    caps the priority of the key's jobs (None: any)."""
+    An `admin` key sees every job and worker; a user key only its own jobs; a `scrape_only` key
+    reads the service-wide /metrics and nothing else. `max_priority` caps the priority of the
+    key's jobs (None: any)."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(name=name, prefix=secret[:10], key_hash=hash_key(secret), is_admin=admin, max_priority=max_priority)
+    key = ApiKey(
+        name=name,
+        prefix=secret[:10],
+        key_hash=hash_key(secret),
+        is_admin=admin,
+        max_priority=max_priority,
+        scrape_only=scrape_only,
+    )
     session.add(key)
     session.commit()
     return key, secret
@@ -41,11 +51,13 @@ class Caller:
     # The highest job priority the key may ask for (trainhub keys create/cap --max-priority);
     # None: any.
     max_priority: str | None = None
+    # A scrape key reads the service-wide GET /metrics and nothing else (keys create --scrape).
+    scrape_only: bool = False
 
 
 # Built once: every request with a key runs it. Columns, not an ApiKey entity: a third of the cost.
 _keys = ApiKey.__table__.c
-_LIVE_BY_HASH = select(_keys.id, _keys.is_admin, _keys.key_hash, _keys.max_priority).where(
+_LIVE_BY_HASH = select(_keys.id, _keys.is_admin, _keys.key_hash, _keys.max_priority, _keys.scrape_only).where(
     _keys.key_hash == bindparam("digest"), _keys.revoked_at.is_(None)
 )
 
@@ -61,7 +73,7 @@ def find_key(session: Session, secret: str) -> Caller | None:
     row = session.execute(_LIVE_BY_HASH, {"digest": digest}).first()
     if row is None or not hmac.compare_digest(row.key_hash, digest):
         return None
-    return Caller(id=row.id, is_admin=row.is_admin, max_priority=row.max_priority)
+    return Caller(id=row.id, is_admin=row.is_admin, max_priority=row.max_priority, scrape_only=row.scrape_only)
 
 
 class AmbiguousKey(Exception):

@@ -4,6 +4,11 @@ Jobs are run by worker processes, so the API process sees no job start or end: e
 here is derived from the tables (the source of truth), which also keeps several API replicas
 in agreement. The histograms are computed in SQL, one row per label set.
 
+Who sees what: an admin key and a scrape key (`trainhub keys create --scrape`) get the
+service-wide families below, the API process's own and retention's; a user key gets the same
+job families over its own jobs only (and workers online, which GET /workers shows it anyway),
+so no tenant learns another's numbers.
+
 - trainhub_jobs{status}                          gauge: jobs in each status
 - trainhub_queue_depth{queue}                    gauge: queued jobs per `<hardware>.<framework>`
 - trainhub_workers_online{hardware}              gauge: workers with a recent heartbeat
@@ -20,7 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, Select, case, func, select
 from sqlalchemy.orm import Session
 
 from app import counters, heartbeats, retention
@@ -59,15 +64,22 @@ def _bound(value: float) -> str:
 
 
 class TrainhubCollector(Collector):
-    """Collects the metrics of the module docstring from the database at each scrape."""
+    """Collects the metrics of the module docstring from the database at each scrape: of every
+    job, or with `owner_id` of that key's jobs only."""
+
+    def __init__(self, owner_id: str | None = None) -> None:
+        self.owner_id = owner_id
 
     def collect(self) -> Iterator[Metric]:
         with session_scope() as session:
             yield from self._collect(session)
 
+    def _own(self, query: Select) -> Select:
+        return query if self.owner_id is None else query.where(Job.owner_id == self.owner_id)
+
     def _collect(self, session: Session) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("trainhub_jobs", "Jobs in each status.", labels=["status"])
-        counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+        counts = dict(session.execute(self._own(select(Job.status, func.count())).group_by(Job.status)).all())
         for status in sorted(set(STATUSES) | set(counts)):
             jobs.add_metric([status], counts.get(status, 0))
         yield jobs
@@ -75,7 +87,7 @@ class TrainhubCollector(Collector):
         depth = GaugeMetricFamily(
             "trainhub_queue_depth", "Queued jobs per queue <hardware>.<framework>.", labels=["queue"]
         )
-        for queue, count in sorted(heartbeats.queue_depths(session).items()):
+        for queue, count in sorted(heartbeats.queue_depths(session, self.owner_id).items()):
             depth.add_metric([queue], count)
         yield depth
 
@@ -89,16 +101,16 @@ class TrainhubCollector(Collector):
 
         seconds = job_seconds(session)
         rows = session.execute(
-            select(
-                Job.framework,
-                Job.hardware,
-                Job.status,
-                func.count(),
-                func.coalesce(func.sum(seconds), 0.0),
-                *(func.sum(case((seconds <= bound, 1), else_=0)) for bound in JOB_BUCKETS),
-            )
-            .where(Job.status.in_(FINISHED), Job.started_at.is_not(None), Job.finished_at.is_not(None))
-            .group_by(Job.framework, Job.hardware, Job.status)
+            self._own(
+                select(
+                    Job.framework,
+                    Job.hardware,
+                    Job.status,
+                    func.count(),
+                    func.coalesce(func.sum(seconds), 0.0),
+                    *(func.sum(case((seconds <= bound, 1), else_=0)) for bound in JOB_BUCKETS),
+                ).where(Job.status.in_(FINISHED), Job.started_at.is_not(None), Job.finished_at.is_not(None))
+            ).group_by(Job.framework, Job.hardware, Job.status)
         )
         yield histogram(
             "trainhub_job_duration_seconds",
@@ -110,15 +122,15 @@ class TrainhubCollector(Collector):
 
         epoch_s = EpochMetric.epoch_time_s
         rows = session.execute(
-            select(
-                Job.framework,
-                Job.hardware,
-                func.count(),
-                func.coalesce(func.sum(epoch_s), 0.0),
-                *(func.sum(case((epoch_s <= bound, 1), else_=0)) for bound in EPOCH_BUCKETS),
-            )
-            .join(Job, Job.id == EpochMetric.job_id)
-            .group_by(Job.framework, Job.hardware)
+            self._own(
+                select(
+                    Job.framework,
+                    Job.hardware,
+                    func.count(),
+                    func.coalesce(func.sum(epoch_s), 0.0),
+                    *(func.sum(case((epoch_s <= bound, 1), else_=0)) for bound in EPOCH_BUCKETS),
+                ).join(Job, Job.id == EpochMetric.job_id)
+            ).group_by(Job.framework, Job.hardware)
         )
         yield histogram(
             "trainhub_epoch_duration_seconds",
@@ -128,7 +140,8 @@ class TrainhubCollector(Collector):
             EPOCH_BUCKETS,
         )
 
-        yield from retention_counters(session)
+        if self.owner_id is None:
+            yield from retention_counters(session)
 
 
 RETENTION_HELP = {
@@ -151,6 +164,11 @@ registry.register(TrainhubCollector())
 ProcessCollector(namespace="trainhub_api", registry=registry)
 
 
-def render() -> bytes:
-    """The Prometheus text format of every metric."""
-    return generate_latest(registry)
+def render(owner_id: str | None = None) -> bytes:
+    """The Prometheus text format of every metric, service-wide; with `owner_id`, the job
+    families of that key's jobs only (see the module docstring)."""
+    if owner_id is None:
+        return generate_latest(registry)
+    own = CollectorRegistry(auto_describe=False)
+    own.register(TrainhubCollector(owner_id))
+    return generate_latest(own)

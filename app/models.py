@@ -73,6 +73,8 @@ class ApiKey(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sql_false())
     # The highest priority its jobs may ask for (trainers.spec.PRIORITIES); null: any.
     max_priority: Mapped[str | None] = mapped_column(String(8))
+    # A scrape key reads the service-wide /metrics and nothing else (Prometheus' credential).
+    scrape_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sql_false())
 
 
 class Job(Base):

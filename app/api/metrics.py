@@ -15,9 +15,11 @@ router = APIRouter(tags=["health"])
 @router.get(
     "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **responses(401, 503)}
 )
-def prometheus_metrics(_user: CurrentUser) -> Response:
+def prometheus_metrics(user: CurrentUser) -> Response:
     """Prometheus text format: jobs by status, queue depth by queue, workers online, job and
     epoch durations as histograms. Like every API route it takes an API key (Prometheus:
-    `authorization: {credentials: th_...}` in the scrape config); the numbers are totals over
-    all users."""
-    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    `authorization: {credentials: th_...}` in the scrape config). An admin key or a scrape key
+    (`trainhub keys create --scrape`) reads the service-wide numbers (and the API process's and
+    retention's); a user key reads the same families over its own jobs only."""
+    wide = user.is_admin or user.scrape_only
+    return Response(metrics.render(None if wide else user.id), media_type=CONTENT_TYPE_LATEST)

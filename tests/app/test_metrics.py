@@ -67,3 +67,45 @@ def test_metrics_parse_and_move_as_jobs_run(api, auth, rows):
 
 def test_metrics_need_a_key(api):
     assert api.get("/metrics").status_code == 401
+
+
+def test_a_user_key_reads_its_own_numbers_and_admin_and_scrape_keys_the_services(api, auth, make_key, rows):
+    from app.db import session_scope
+    from app.keys import create_key
+
+    other = {"Authorization": f"Bearer {make_key('other')}"}
+    admin = {"Authorization": f"Bearer {make_key('ops', admin=True)}"}
+    with session_scope() as session:
+        scraper = {"Authorization": f"Bearer {create_key(session, 'prometheus', scrape_only=True)[1]}"}
+    mine = scrape(api, auth)
+    assert sum(v for v in mine["trainhub_jobs"].values()) == 0  # a new key: none of its own yet
+    assert "trainhub_retention_deleted_jobs" not in mine and "trainhub_api_process_cpu_seconds" not in mine
+    wide_before = scrape(api, admin)
+    job = api.post("/jobs", json=DIGITS, headers=other).json()
+    rows.start(job["id"])
+    rows.finish(job["id"], seconds=3.0)
+    assert scrape(api, auth)["trainhub_jobs"] == mine["trainhub_jobs"]  # another key's job is not counted
+    theirs = scrape(api, other)
+    assert value(theirs, "trainhub_jobs", status="succeeded") == 1
+    for wide in (scrape(api, admin), scrape(api, scraper)):
+        assert value(wide, "trainhub_jobs", status="succeeded") == value(wide_before, "trainhub_jobs",
+                                                                         status="succeeded") + 1
+        assert "trainhub_retention_deleted_jobs" in wide
+    refused = api.get("/jobs", headers=scraper)
+    assert refused.status_code == 403 and "scrape key" in refused.json()["detail"]
+
+
+def test_scrape_keys_come_from_the_cli_and_say_what_they_are(api, services_env):
+    import json
+
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    created = CliRunner().invoke(cli, ["keys", "create", "--name", "prometheus", "--scrape"])
+    assert created.exit_code == 0 and "created scrape key" in created.output
+    secret = created.output.strip().splitlines()[-1]
+    assert api.get("/metrics", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    assert api.get("/sweeps", headers={"Authorization": f"Bearer {secret}"}).status_code == 403
+    listed = json.loads(CliRunner().invoke(cli, ["keys", "list", "--json"]).stdout)
+    assert any(k["name"] == "prometheus" and k["scrape"] and not k["admin"] for k in listed)

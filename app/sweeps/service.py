@@ -14,16 +14,17 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app import jobs, limits
 from app.config import get_settings
 from app.db import session_scope
 from app.keys import Caller
-from app.models import Comparison, Job, Sweep
+from app.models import Comparison, Job, Sweep, utcnow
 from app.status import ACTIVE, JobStatus, SweepStatus
 from app.sweeps import lifecycle, study
 from app.sweeps.spec import Budget, SweepSpec, Trial, TrialCounts
@@ -45,10 +46,10 @@ ENDED_AS = {
 def create_sweep(session: Session, owner: Caller, spec: SweepSpec, base: dict[str, Any]) -> Sweep:
     """Store the sweep (its spec with the resolved `base`), create its study, queue its first
     trials. Raises limits.QuotaExceeded when the key has no room for them."""
-    first = min(spec.parallelism, spec.max_trials)
+    first = min(spec.parallelism, spec.max_trials) * len(spec.frameworks or [base["framework"]])
     if limits.queued_room(session, owner) < first:
         raise limits.QuotaExceeded(
-            f"this sweep starts {first} trial(s) at once, more than this key may still queue (limit "
+            f"this sweep starts {first} job(s) at once, more than this key may still queue (limit "
             f"max_queued_jobs_per_key = {get_settings().max_queued_jobs_per_key}, set by "
             "TRAINHUB_MAX_QUEUED_JOBS_PER_KEY): lower parallelism, or wait for queued jobs to start"
         )
@@ -265,10 +266,24 @@ def settle(job_id: str) -> None:
         advance(sweep_id)
 
 
+# The reconciler takes the turn of a running sweep nobody took it for this long (seconds): a
+# sweep whose trials end take turns of their own; one left behind by a crash waits this long.
+IDLE_TURN_S = 10.0
+
+
 def advance_running() -> None:
-    """Take the turn of every running sweep (the reconciler: repairs what a crash left undone)."""
+    """Take the turn of every running sweep whose last turn is older than IDLE_TURN_S (the
+    reconciler: repairs what a crash left undone)."""
+    idle_since = utcnow() - timedelta(seconds=IDLE_TURN_S)
     with session_scope() as session:
-        running = list(session.scalars(select(Sweep.id).where(Sweep.status == SweepStatus.RUNNING)))
+        running = list(
+            session.scalars(
+                select(Sweep.id).where(
+                    Sweep.status == SweepStatus.RUNNING,
+                    or_(Sweep.advanced_at.is_(None), Sweep.advanced_at < idle_since),
+                )
+            )
+        )
     for sweep_id in running:
         try:
             advance(sweep_id)

@@ -1,4 +1,5 @@
-"""`trainhub gc [--dry-run] [--json]`: retention by hand (app/retention.py says what expires).
+"""`trainhub gc [--dry-run] [--json]`: retention by hand (app/retention.py says what expires);
+and `trainhub rebuild-metrics`: the tallies /metrics reads, counted again (app/tallies.py).
 
 It runs the same code as the workers' periodic run, directly against the database the keys
 commands use (TRAINHUB_DATABASE_URL, else the var dir's: `--var-dir`, TRAINHUB_VAR_DIR, ./var),
@@ -24,8 +25,28 @@ SHOWN_IDS = 50  # ids listed in the text output; --json lists them all
 
 
 def register(cli: typer.Typer) -> None:
-    """Add `gc` to the `trainhub` command line."""
+    """Add `gc` and `rebuild-metrics` to the `trainhub` command line."""
     cli.command("gc")(gc)
+    cli.command("rebuild-metrics")(rebuild_metrics)
+
+
+def rebuild_metrics(
+    var_dir: Annotated[
+        Optional[Path], typer.Option(help="the var dir of the stack (as `trainhub up --var-dir`)")
+    ] = None,
+) -> None:
+    """Count /metrics' job counts, queue depths and duration histograms again from the stored
+    jobs and epochs. Database triggers keep them in step as rows change, so this is needed only
+    if they were ever lost (e.g. rows changed with the triggers disabled); on PostgreSQL it
+    holds writes to the jobs and epochs until it is done (about a second per million jobs)."""
+    from app import tallies
+    from app.db import session_scope
+
+    open_existing_database(var_dir)
+    with session_scope() as session:
+        tallies.rebuild(session)
+        counts = tallies.jobs_by_status(session)
+    print("rebuilt the tallies: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()) if n) + " jobs")
 
 
 def gc(

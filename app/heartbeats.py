@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app import tallies
 from app.config import get_settings
-from app.models import Job, Worker, aware, utcnow
-from app.queue import queue_name
-from app.status import JobStatus
+from app.models import Worker, aware, utcnow
 from trainers.spec import FRAMEWORKS, HARDWARE
 
 KNOWN_QUEUES = tuple(f"{hardware}.{framework}" for hardware in HARDWARE for framework in FRAMEWORKS)
@@ -46,15 +45,8 @@ def online_workers(session: Session) -> list[Worker]:
 
 def queue_depths(session: Session, owner_id: str | None = None) -> dict[str, int]:
     """Queued jobs per queue (`Job.queue`), every known one-device queue included (0 when empty);
-    with `owner_id`, that key's only."""
-    depths = dict.fromkeys(KNOWN_QUEUES, 0)
-    query = select(Job.hardware, Job.framework, Job.devices, func.count()).where(Job.status == JobStatus.QUEUED)
-    if owner_id is not None:
-        query = query.where(Job.owner_id == owner_id)
-    rows = session.execute(query.group_by(Job.hardware, Job.framework, Job.devices))
-    for hardware, framework, devices, count in rows:
-        depths[queue_name(hardware, framework, devices)] = count
-    return depths
+    with `owner_id`, that key's only. Read from the tallies (app/tallies.py): a few rows."""
+    return {**dict.fromkeys(KNOWN_QUEUES, 0), **tallies.queue_depths(session, owner_id)}
 
 
 def workers_per_queue(workers: list[Worker]) -> dict[str, int]:

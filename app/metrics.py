@@ -1,8 +1,9 @@
 """Prometheus metrics, read from the database at each scrape.
 
 Jobs are run by worker processes, so the API process sees no job start or end: every number
-here is derived from the tables (the source of truth), which also keeps several API replicas
-in agreement. The histograms are computed in SQL, one row per label set.
+here is read from the database, which also keeps several API replicas in agreement. Job counts,
+queue depths and the duration histograms come from the tallies database triggers keep as jobs
+and epochs are recorded (app/tallies.py), so a scrape's cost does not grow with the jobs stored.
 
 Who sees what: an admin key and a scrape key (`trainhub keys create --scrape`) get the
 service-wide families below, the API process's own and retention's; a user key gets the same
@@ -25,27 +26,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import ColumnElement, Select, case, func, select
 from sqlalchemy.orm import Session
 
-from app import counters, heartbeats, retention
+from app import counters, heartbeats, retention, tallies
 from app.db import session_scope
-from app.models import EpochMetric, Job
-from app.schemas import FINISHED
 from app.status import JobStatus
 
 STATUSES = tuple(status.value for status in JobStatus)
 # Upper bounds in seconds: a job takes seconds (digits on a CPU) to days; an epoch, from tens
 # of milliseconds (digits) to minutes.
-JOB_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 7 * 24 * 3600)
-EPOCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
-
-
-def job_seconds(session: Session) -> ColumnElement[float]:
-    """started_at -> finished_at in seconds, in the database's own date arithmetic."""
-    if session.get_bind().dialect.name == "postgresql":
-        return func.extract("epoch", Job.finished_at - Job.started_at)  # type: ignore[return-value]  # a float expression
-    return (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0
+JOB_BUCKETS = tallies.JOB_BOUNDS
+EPOCH_BUCKETS = tallies.EPOCH_BOUNDS
 
 
 def histogram(
@@ -74,12 +65,9 @@ class TrainhubCollector(Collector):
         with session_scope() as session:
             yield from self._collect(session)
 
-    def _own(self, query: Select) -> Select:
-        return query if self.owner_id is None else query.where(Job.owner_id == self.owner_id)
-
     def _collect(self, session: Session) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("trainhub_jobs", "Jobs in each status.", labels=["status"])
-        counts = dict(session.execute(self._own(select(Job.status, func.count())).group_by(Job.status)).all())
+        counts = tallies.jobs_by_status(session, self.owner_id)
         for status in sorted(set(STATUSES) | set(counts)):
             jobs.add_metric([status], counts.get(status, 0))
         yield jobs
@@ -99,44 +87,20 @@ class TrainhubCollector(Collector):
             online.add_metric([hardware], count)
         yield online
 
-        seconds = job_seconds(session)
-        rows = session.execute(
-            self._own(
-                select(
-                    Job.framework,
-                    Job.hardware,
-                    Job.status,
-                    func.count(),
-                    func.coalesce(func.sum(seconds), 0.0),
-                    *(func.sum(case((seconds <= bound, 1), else_=0)) for bound in JOB_BUCKETS),
-                ).where(Job.status.in_(FINISHED), Job.started_at.is_not(None), Job.finished_at.is_not(None))
-            ).group_by(Job.framework, Job.hardware, Job.status)
-        )
+        job_labels = ["framework", "hardware", "status"]
         yield histogram(
             "trainhub_job_duration_seconds",
             "Jobs from start to end (finished jobs that started).",
-            ["framework", "hardware", "status"],
-            rows,
+            job_labels,
+            tallies.histogram_rows(session, "job", job_labels, self.owner_id),
             JOB_BUCKETS,
         )
-
-        epoch_s = EpochMetric.epoch_time_s
-        rows = session.execute(
-            self._own(
-                select(
-                    Job.framework,
-                    Job.hardware,
-                    func.count(),
-                    func.coalesce(func.sum(epoch_s), 0.0),
-                    *(func.sum(case((epoch_s <= bound, 1), else_=0)) for bound in EPOCH_BUCKETS),
-                ).join(Job, Job.id == EpochMetric.job_id)
-            ).group_by(Job.framework, Job.hardware)
-        )
+        epoch_labels = ["framework", "hardware"]
         yield histogram(
             "trainhub_epoch_duration_seconds",
             "Training time of each epoch (evaluation excluded).",
-            ["framework", "hardware"],
-            rows,
+            epoch_labels,
+            tallies.histogram_rows(session, "epoch", epoch_labels, self.owner_id),
             EPOCH_BUCKETS,
         )
 

@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     UniqueConstraint,
     text,
@@ -316,3 +317,33 @@ class Counter(Base):
 
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class JobCount(Base):
+    """How many of a key's jobs of a queue are in a status: a gauge kept by database triggers in
+    the transaction that changes a job (migration 0018), summed over `shard` (app/tallies.py)."""
+
+    __tablename__ = "job_counts"
+
+    owner_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(40), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class DurationBucket(Base):
+    """One bucket of a duration histogram (kind `job` or `epoch`) of a key's jobs: how many
+    values fell in it and their sum (seconds), only ever added to, by database triggers
+    (migration 0018; app/tallies.py)."""
+
+    __tablename__ = "duration_buckets"
+
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    framework: Mapped[str] = mapped_column(String(16), primary_key=True)
+    hardware: Mapped[str] = mapped_column(String(16), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    bucket: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    total: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

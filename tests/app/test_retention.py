@@ -327,19 +327,20 @@ def scrape(api, auth) -> dict[str, float]:
     return {name: float(value) for name, value in re.findall(r"^(trainhub_retention_\w+_total) (\S+)$", text, re.M)}
 
 
-def test_metrics_count_what_retention_deleted(api, auth, rows, server_days):
+def test_metrics_count_what_retention_deleted(api, auth, make_key, rows, server_days):
+    ops = {"Authorization": f"Bearer {make_key('ops', admin=True)}"}  # service-wide families: admin keys
     server_days(30)
-    before = scrape(api, auth)
+    before = scrape(api, ops)
     assert set(before) == {
         f"trainhub_retention_deleted_{what}_total" for what in ("jobs", "comparisons", "sweeps", "files", "bytes")
     }
     mixed_history(api, auth, rows)
     run(dry_run=True)
-    assert scrape(api, auth) == before  # a dry run counts nothing
+    assert scrape(api, ops) == before  # a dry run counts nothing
 
     report = run()
 
-    after = scrape(api, auth)
+    after = scrape(api, ops)
     grown = {
         name.removeprefix("trainhub_retention_deleted_").removesuffix("_total"): after[name] - before[name]
         for name in after

@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # Debian's package puts Fashion-MNIST here (MNIST's IDX format); the demo trains on it.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data demo test test-fast lint bench clean
+.PHONY: install data demo test test-fast lint bench gpu-check clean
 
 install: $(STAMP)
 
@@ -40,6 +40,14 @@ lint: install
 
 bench: install data
 	$(PY) -m bench
+
+# The service end to end on one NVIDIA GPU (bench/gpu_check.py: embedded stack, a worker pinned to
+# device 0, JAX and PyTorch jobs in fp32 and bf16, a comparison, a large MLP's TFLOP/s against the
+# card's peaks) into bench/gpu_check.json. `make gpu-check HARDWARE=cpu` runs the same checks on the
+# CPU (bf16 skipped) into bench/gpu_check-cpu.json; GPU_CHECK_ARGS=--quick shrinks every part.
+gpu-check: HARDWARE ?= gpu
+gpu-check: install data
+	$(PY) -m bench.gpu_check --hardware $(HARDWARE) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf var .pytest_cache

@@ -19,11 +19,13 @@ from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from app import limits
 from app.db import get_reader_sessionmaker, session_scope
-from app.keys import find_key
+from app.keys import Caller, find_key
 from app.limits import QuotaExceeded, SpecOverLimit
 from app.middleware import is_json
 
@@ -182,15 +184,16 @@ MAX_ERRORS = 20
 SUBMISSIONS = ("/jobs", "/comparisons", "/sweeps")
 
 
-def _count_rejection(request: Request) -> None:
-    """Count a refused submission against its key: the caller the route's within_rate dependency
-    kept, or (a body FastAPI could not parse, refused before dependencies run) the key of its
-    Authorization header. Requests without a live key are not counted (they got no work)."""
-    if request.method != "POST" or request.url.path.rstrip("/") not in SUBMISSIONS:
+def _count_rejection(method: str, path: str, authorization: str | None, caller: Caller | None) -> None:
+    """Count a refused submission against its key: `caller` (the one the route's within_rate
+    dependency kept), or the key of the Authorization header (a body refused before dependencies
+    run: unparseable, or refused by app/middleware.py). Raises QuotaExceeded, counting nothing,
+    when the key had already used its submissions of the minute: the refusal is then a 429.
+    Requests without a live key are not counted (they got no work)."""
+    if method != "POST" or path.rstrip("/") not in SUBMISSIONS:
         return
-    caller = getattr(request.state, "submitter", None)
     if caller is None:
-        scheme, secret = get_authorization_scheme_param(request.headers.get("authorization"))
+        scheme, secret = get_authorization_scheme_param(authorization)
         if scheme.lower() != "bearer":
             return
         with get_reader_sessionmaker()() as session:
@@ -198,19 +201,26 @@ def _count_rejection(request: Request) -> None:
         if caller is None:
             return
     with session_scope() as session:
+        limits.check_rate(session, caller)
         limits.record_rejection(session, caller.id)
 
 
-async def count_rejection(request: Request) -> None:
-    """_count_rejection off the event loop; a database error there still lets the 422 out."""
+async def refusal(scope: Scope, answer: JSONResponse) -> Response:
+    """`answer` (a 422 of a submission's body), counted against the key (_count_rejection); or a
+    429 when the key had already used its minute. A database error there lets the 422 out."""
+    headers = Headers(scope=scope)
+    state = scope.get("state") or {}
+    caller = state.get("submitter") if isinstance(state, dict) else None
     try:
-        await run_in_threadpool(_count_rejection, request)
+        await run_in_threadpool(_count_rejection, scope["method"], scope["path"], headers.get("authorization"), caller)
+    except QuotaExceeded as exc:
+        return await quota_exceeded(Request(scope), exc)
     except SQLAlchemyError:
         log.warning("could not count a refused submission against its key", exc_info=True)
+    return answer
 
 
-async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    await count_rejection(request)
+async def validation_error(request: Request, exc: RequestValidationError) -> Response:
     found = exc.errors()
     errors = [
         _about_the_whole_body(_with_the_fix(_at_the_field_it_names(_echo(e))), request) for e in found[:MAX_ERRORS]
@@ -223,13 +233,12 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
                 "msg": f"{len(found) - MAX_ERRORS} more errors left out; fix these and send the body again",
             }
         )
-    return JSONResponse({"detail": _finite(jsonable_encoder(errors))}, status_code=422)
+    return await refusal(request.scope, JSONResponse({"detail": _finite(jsonable_encoder(errors))}, status_code=422))
 
 
-async def spec_over_limit(request: Request, exc: SpecOverLimit) -> JSONResponse:
+async def spec_over_limit(request: Request, exc: SpecOverLimit) -> Response:
     """A spec above one of this server's limits: 422, one item per limit, each naming it."""
-    await count_rejection(request)
-    return JSONResponse({"detail": exc.errors}, status_code=422)
+    return await refusal(request.scope, JSONResponse({"detail": exc.errors}, status_code=422))
 
 
 async def quota_exceeded(_request: Request, exc: QuotaExceeded) -> JSONResponse:

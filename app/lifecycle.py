@@ -80,7 +80,13 @@ def claim(session: Session, job_id: str, worker: dict, now: datetime) -> int | N
 def record_epoch(session: Session, job_id: str, attempt: int, epoch: int) -> bool:
     """The job's progress: `epoch` epochs done (its metrics row is added by the caller in the same
     transaction). False when this attempt no longer owns the row."""
-    moved = _update(session, update(Job).where(Job.id == job_id, Job.attempts == attempt).values(epoch=epoch))
+    # (a resumed job replays the epochs after its checkpoint: its progress never goes back)
+    moved = _update(
+        session,
+        update(Job)
+        .where(Job.id == job_id, Job.attempts == attempt)
+        .values(epoch=case((Job.epoch < epoch, epoch), else_=Job.epoch)),
+    )
     session.commit()
     return moved == 1
 

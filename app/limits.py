@@ -26,6 +26,7 @@ import math
 import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from sqlalchemy import bindparam, delete, func, insert, or_, select, union_all
 from sqlalchemy.orm import Session
@@ -38,6 +39,7 @@ from app.status import JobStatus
 from trainers.spec import PRIORITIES, TrainingSpec, memory_estimate, parameter_count, test_size, train_size
 
 RATE_WINDOW_S = 60.0
+SpecT = TypeVar("SpecT", bound=TrainingSpec)
 
 
 @dataclass
@@ -208,6 +210,15 @@ def check_spec(spec: TrainingSpec, settings: Settings | None = None, caller: Cal
     errors.extend(retention.spec_errors(spec, s))
     if errors:
         raise SpecOverLimit(errors)
+
+
+def capped_priority(spec: SpecT, caller: Caller) -> SpecT:
+    """`spec` with the key's priority cap as its priority when it names none and the cap is
+    below the default (normal): a key capped at low submits at low without saying so."""
+    cap = caller.max_priority
+    if cap is None or "priority" in spec.model_fields_set or PRIORITIES.index(cap) >= PRIORITIES.index(spec.priority):
+        return spec
+    return spec.model_copy(update={"priority": cap})
 
 
 def _over_priority_cap(spec: TrainingSpec, caller: Caller) -> dict | None:

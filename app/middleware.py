@@ -136,7 +136,10 @@ class RequestLimits:
         if body and is_json(headers.get("content-type")):
             error = self._json_error(bytes(body), settings.max_json_depth)
             if error is not None:
-                await error(scope, receive, send)
+                from app.errors import refusal  # (app.errors imports this module)
+
+                # a refused submission counts against its key, and is a 429 past its minute
+                await (await refusal(scope, error))(scope, receive, send)
                 return
 
         replayed = False

@@ -116,6 +116,10 @@ _OLDEST_OF_OWNER = (
     .order_by(Job.created_at, Job.id)
     .limit(1)
 )
+# A key's jobs running in the queue and its latest claim there (as _TURNS reads them).
+_STANDING = select(func.count().filter(Job.status == JobStatus.RUNNING.value), func.max(Job.started_at)).where(
+    Job.owner_id == bindparam("owner_id"), *_in_queue(Job)
+)
 _TOP_LEVEL = select(func.max(Job.priority)).where(Job.status == _QUEUED, *_in_queue(Job))
 _HIGHER = select(func.count()).where(Job.status == _QUEUED, *_in_queue(Job), Job.priority > bindparam("priority"))
 
@@ -158,15 +162,16 @@ def next_job(session: Session, hardware: str, framework: str, devices: int = 1) 
 
 def position(session: Session, job: Job) -> int:
     """1 when `job` (queued, stored or about to be) runs next in its queue, 2 when one job comes
-    first, and so on, by the order of the module docstring. One query (two for the first job of a
-    level, not yet stored)."""
+    first, and so on, by the order of the module docstring. One query (three for its key's first
+    job of a level, not yet stored)."""
     queue = _queue(job.hardware, job.framework, job.devices or 1)
     level = job.priority if job.priority is not None else 1
     waiting = turns(session, **queue, priority=level, job=job)
     higher = waiting[0].higher if waiting else session.scalar(_HIGHER, {**queue, "priority": level}) or 0
     own = next((turn for turn in waiting if turn.owner_id == job.owner_id), None)
-    if own is None:  # its key's first job in the queue, not yet stored
-        own = Turn(job.owner_id, 1, aware(job.created_at), 0, None, 0)
+    if own is None:  # its key's first queued job at its level, not yet stored: where its key stands
+        busy, last = session.execute(_STANDING, {**queue, "owner_id": job.owner_id}).one()
+        own = Turn(job.owner_id, 1, aware(job.created_at), busy or 0, aware(last) if last else None, 0)
         waiting = sorted([*waiting, own], key=Turn.order)
     rank = own.before + 1  # its round: it is the rank-th queued job of its key
     own_turn = waiting.index(own)

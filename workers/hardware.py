@@ -34,6 +34,10 @@ def pin(hardware: str, devices: list[int] | None, cpu_devices: int = 1) -> None:
         # Named explicitly, a platform that fails to start is an error, not a warning followed by
         # the CPU (jax's fallback when it picks the platform itself).
         os.environ.setdefault("JAX_PLATFORMS", "cuda,cpu")
+        # fp32 means fp32: JAX would run fp32 matmuls as TF32 on Ampere and later, PyTorch does
+        # not (allow_tf32 is off), and a comparison's parity check would see the difference.
+        # bf16 jobs ask for bfloat16 themselves.
+        os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
     elif hardware == "tpu":
         if devices is not None:
             os.environ["TPU_VISIBLE_CHIPS"] = ",".join(map(str, devices))

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, StatementError
 
 import trainers
-from app import jobs, lifecycle, scheduling, storage
+from app import jobs, lifecycle, queue, scheduling, storage
 from app.config import get_settings
 from app.db import is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
@@ -70,6 +70,11 @@ def run(
     requeues it once this worker reports another job."""
     if serves is not None and not retrying(lambda: serves_job(job_id, serves)):
         return "misrouted"
+    if shutting_down.is_set():
+        # A worker on its way out claims nothing (it would release the job at once): the turn
+        # goes back to its queue for another worker.
+        retrying(lambda: resend_turn(job_id))
+        return "skipped"
     claimed = retrying(lambda: claim(job_id, worker, on_pick))
     if claimed is None:
         log.info("no job waits in the queue of job %s (a duplicate or stale message); skipping", job_id)
@@ -182,6 +187,14 @@ class Pruned(trainers.StopTraining):
         self.epoch = epoch
 
 
+def resend_turn(job_id: str) -> None:
+    """Send the message of job `job_id` (a turn in its queue) to its queue again."""
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        if job is not None:
+            queue.enqueue(job.id, job.queue)
+
+
 def serves_job(job_id: str, serves: list[str]) -> bool:
     """Whether this worker may run the job. A message that reached a worker which cannot serve
     the job's `<hardware>.<framework>` (sent to the wrong queue by hand or by an older API) is
@@ -211,8 +224,8 @@ def claim(turn_of: str, worker: dict, on_pick: Callable[[str], None] | None = No
         turn = session.get(Job, turn_of)
         if turn is None:
             return None
-        queue = (turn.hardware, turn.framework, turn.devices)
-        while (job_id := scheduling.next_job(session, *queue)) is not None:
+        its_queue = (turn.hardware, turn.framework, turn.devices)
+        while (job_id := scheduling.next_job(session, *its_queue)) is not None:
             if on_pick is not None:
                 on_pick(job_id)
             now = utcnow()

@@ -35,6 +35,7 @@ def create_comparison(spec: ComparisonSpec, session: SessionDep, user: Submitter
     from the same initial weights and with the same batch order. The two jobs count as two
     against the key's limits (429 when over one); the spec meets this server's limits as in
     `POST /jobs`."""
+    spec = limits.capped_priority(spec, user)
     spec = cast(ComparisonSpec, limits.apply_limits(records.with_dataset(session, user, spec), caller=user))
     comparison = service.create_comparison(session, user, spec)
     return json_response(

@@ -43,6 +43,7 @@ def create_job(
     server's limit. A key with too many jobs queued, or too many submissions in the last minute
     (jobs created, and submissions refused as invalid: they count too), gets 429 (with
     Retry-After for the latter), before its body is validated."""
+    spec = limits.capped_priority(spec, user)
     spec = cast(JobSpec, limits.apply_limits(records.with_dataset(session, user, spec), caller=user))
     try:
         job, position = service.create_job(session, user, spec, idempotency_key)

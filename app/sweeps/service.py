@@ -197,8 +197,11 @@ def job_objective(spec: SweepSpec, job: Job, epoch: int | None = None) -> float 
 
 
 def objective_value(spec: SweepSpec, group: list[Job]) -> float | None:
-    """A trial's objective: its job's, or the mean of its two jobs' (None unless each has one)."""
-    values = [job_objective(spec, job) for job in group]
+    """A trial's objective: its job's at its last epoch, or the mean of its two jobs' at the last
+    epoch both ran (a pair pruned at epoch 1 while the other ran on is judged at epoch 1); None
+    unless each has one."""
+    common = min(job.epoch for job in group) if len(group) > 1 else None
+    values = [job_objective(spec, job, common) for job in group]
     if not values or any(v is None for v in values):
         return None
     return sum(values) / len(values)  # type: ignore[arg-type]

@@ -21,12 +21,13 @@ from app import limits
 from app.datasets import records
 from app.keys import Caller
 from app.sweeps.spec import SweepSpec
-from trainers.spec import JobSpec, data_shape
+from trainers.spec import PRIORITIES, JobSpec, data_shape
 
 # Fields a sweep sets itself, or that make trials of different data: not searchable.
 FIXED = {
     "framework": "use the sweep's frameworks",
     "dataset.id": "a sweep trains on one dataset",
+    "dataset.name": "a sweep trains on one dataset",
     "dataset.info": "set by the server",
     "priority": "every trial takes base.priority",
 }
@@ -108,6 +109,9 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
     """The sweep's base job spec, validated (its dataset's record filled in) and normalised, as a
     dict every trial's spec starts from. Raises RequestValidationError naming `base`'s field."""
     base = dict(sweep.base)
+    cap = owner.max_priority
+    if cap is not None and "priority" not in base and PRIORITIES.index(cap) < PRIORITIES.index("normal"):
+        base["priority"] = cap  # a capped key's trials take its cap (limits.capped_priority)
     named: list[Any] = list(sweep.frameworks) if sweep.frameworks else [base.get("framework")]  # None: JobSpec says
     try:
         for framework in named:

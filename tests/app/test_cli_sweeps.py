@@ -209,7 +209,10 @@ def test_wait_past_timeout_exits_124_and_the_sweep_goes_on(cli_env, files):
 
 def test_ctrl_c_stops_watching_not_the_sweep_and_says_how_to_cancel(cli_env, files):
     args = [sys.executable, "-m", "app.cli", "sweep", "--spec", files["base"], "--space", files["space"], "--wait"]
-    watching = subprocess.Popen(args, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A run started in the background (CI's may be) ignores SIGINT, and Python then keeps ignoring
+    # it: the child gets the default back, as a terminal's foreground process has it.
+    watching = subprocess.Popen(args, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = watching.stderr.readline()  # the sweep's id, said before the table starts
     sweep_id = re.search(r"sweep ([\w-]+): up to", first).group(1)
     time.sleep(1.5)  # into the live table's polling

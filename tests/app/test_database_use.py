@@ -47,7 +47,7 @@ def test_a_poll_of_a_queued_job_costs_three_statements(api, auth, statements):
     assert kinds(statements) == ["SELECT api_keys", "SELECT jobs", "SELECT jobs"]
 
 
-def test_a_submit_costs_seven_statements_and_locks_the_key_only_after_its_insert(api, auth, statements):
+def test_a_submit_costs_eight_statements_and_locks_the_key_only_after_its_insert(api, auth, statements):
     api.get("/jobs", headers=auth)  # the online queues, read once a second
     statements.clear()
     assert api.post("/jobs", json=TPU, headers=auth).status_code == 201
@@ -57,12 +57,13 @@ def test_a_submit_costs_seven_statements_and_locks_the_key_only_after_its_insert
         # names), asked before its body is validated
         "SELECT rejected_submissions",
         "SELECT jobs",  # the new job's place in its queue
+        "SELECT jobs",  # (the key's first queued job there: where the key itself stands)
         "INSERT jobs",
         "SELECT api_keys",  # the quota lock on the key: FOR NO KEY UPDATE, held to the commit
         "SELECT rejected_submissions",  # the key's queued and recent jobs (the new one included) and refusals
         "UPDATE jobs",  # enqueued_at, once the id is in the broker
     ]
-    assert "FOR NO KEY UPDATE" in statements[4]
+    assert "FOR NO KEY UPDATE" in statements[5]
 
 
 def test_requests_beyond_the_pool_and_the_thread_pool_all_get_answers(api, auth, monkeypatch):

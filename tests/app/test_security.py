@@ -412,6 +412,22 @@ def test_refused_submissions_count_towards_the_rate_and_a_spent_key_is_429_befor
     assert api.post("/jobs", json=DIGITS, headers=other).status_code == 201
 
 
+def test_bodies_refused_before_validation_count_too_and_are_429_past_the_minute(api, auth, monkeypatch):
+    set_limits(monkeypatch, max_submissions_per_minute=3)
+    as_json = {**auth, "Content-Type": "application/json"}
+    refused = [
+        api.post("/jobs", content=b'{"framework": "jax", "framework": "jax"}', headers=as_json),  # a key twice
+        api.post("/sweeps", content=b"[" * 40 + b"]" * 40, headers=as_json),  # nested too deep
+        api.post("/comparisons", content=b'{"epochs": ', headers=as_json),  # not JSON
+    ]
+    assert [r.status_code for r in refused] == [422, 422, 422]
+    for body in (b'{"framework": "jax", "framework": "jax"}', b'{"epochs": ', b"[" * 40 + b"]" * 40):
+        late = api.post("/jobs", content=body, headers=as_json)
+        assert late.status_code == 429 and "refused as invalid" in late.json()["detail"], body
+        assert int(late.headers["Retry-After"]) >= 1
+    assert api.post("/jobs", json=DIGITS, headers=auth).status_code == 429
+
+
 def test_refused_submissions_leave_the_window_like_jobs(api, auth, monkeypatch):
     from app.db import session_scope
     from app.models import RejectedSubmission, utcnow

@@ -19,7 +19,7 @@ from workers.hardware import pin
 SPY = r"""
 import importlib.abc, json, os, sys
 
-VARS = ["CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "TPU_VISIBLE_CHIPS",
+VARS = ["CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "JAX_DEFAULT_MATMUL_PRECISION", "TPU_VISIBLE_CHIPS",
         "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS"]
 seen = {}
 
@@ -59,7 +59,8 @@ print("RESULT " + json.dumps({"rc": rc, "seen": seen, "worker_argv": worker_argv
 """
 
 # Set by the test runner's machine or an earlier test, they would hide what the worker sets.
-PINNING_VARS = ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "TPU_VISIBLE_CHIPS",
+PINNING_VARS = ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "JAX_DEFAULT_MATMUL_PRECISION",
+                "TPU_VISIBLE_CHIPS",
                 "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                 "XLA_FLAGS", "TRAINHUB_CPU_DEVICES")
 HAS_GPU = shutil.which("nvidia-smi") is not None
@@ -107,6 +108,7 @@ def test_gpu_worker_is_pinned_before_import_then_exits_2_naming_what_is_missing(
         assert env["CUDA_VISIBLE_DEVICES"] == "1"
         assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"  # no grab of the whole card
         assert env["JAX_PLATFORMS"] == "cuda,cpu"  # a CUDA that fails to start is an error, not the CPU
+        assert env["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"  # fp32 as fp32, as PyTorch runs it
     assert result["worker_argv"] == []  # never consumed a queue
     assert "not serving gpu.jax" in done.stderr and "no gpu backend" in done.stderr
     assert "not serving gpu.pytorch" in done.stderr and "torch.cuda.is_available() is False" in done.stderr

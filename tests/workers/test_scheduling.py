@@ -234,6 +234,14 @@ def test_keys_are_capped_and_uncapped_from_the_cli(api, services_env):
     assert created.exit_code == 0, created.output
     key = bearer(created.output.strip().splitlines()[-1])
     assert api.post("/jobs", json={**DIGITS, "priority": "normal"}, headers=key).status_code == 422
+    # naming no priority, a key capped below normal submits at its cap
+    unnamed = api.post("/jobs", json=DIGITS, headers=key)
+    assert unnamed.status_code == 201 and unnamed.json()["spec"]["priority"] == "low"
+    compared = api.post("/comparisons", json={"dataset": {"name": "digits"}, "epochs": 1}, headers=key)
+    assert compared.status_code == 201 and compared.json()["spec"]["priority"] == "low"
+    swept = api.post("/sweeps", json={"base": DIGITS, "space": {"batch_size": {"choice": [32, 64]}},
+                                      "max_trials": 2, "parallelism": 1}, headers=key)
+    assert swept.status_code == 201 and swept.json()["spec"]["base"]["priority"] == "low"
     prefix = created.output.strip().splitlines()[-1][:10]
     capped = runner.invoke(cli, ["keys", "cap", prefix, "--max-priority", "normal"])
     assert capped.exit_code == 0 and "capped at priority normal" in capped.output
@@ -249,3 +257,43 @@ def test_submit_priority_sets_the_spec_field():
     from app.cli import spec_from_options
 
     assert spec_from_options(None, priority="high", epochs=2) == {"priority": "high", "epochs": 2}
+
+
+def test_a_keys_first_job_is_told_its_place_behind_keys_served_longer_ago(api, make_key):
+    alice, bob = bearer(make_key("alice")), bearer(make_key("bob"))
+    (first,) = submit(api, alice, 1)
+    assert run_one(first) == first  # alice was served just now
+    (hers,) = submit(api, alice, 1)
+    (his,) = submit(api, bob, 1)  # never served: he goes first, and is told so at once
+    assert api.get(f"/jobs/{his}", headers=bob).json()["queue_position"] == 1
+    late = api.post("/jobs", json={**DIGITS, "seed": 9}, headers=alice).json()
+    assert late["queue_position"] == 3  # at submit: behind his, and behind her own earlier one
+    assert api.get(f"/jobs/{hers}", headers=alice).json()["queue_position"] == 2
+
+
+def test_a_worker_shutting_down_claims_nothing_and_gives_the_turn_back(api, auth, services_env):
+    from workers import runner
+
+    (job_id,) = submit(api, auth, 1)
+    client = redis.Redis.from_url(services_env["TRAINHUB_BROKER_URL"])
+    before = client.llen("cpu.jax")
+    runner.shutting_down.set()
+    try:
+        assert runner.run(job_id, WORKER, serves=["cpu.jax"]) == "skipped"
+    finally:
+        runner.shutting_down.clear()
+    assert api.get(f"/jobs/{job_id}", headers=auth).json()["status"] == "queued"
+    assert client.llen("cpu.jax") == before + 1  # the turn is back for another worker
+
+
+def test_progress_never_goes_back_when_a_resumed_job_replays_an_epoch(api, auth):
+    from app import lifecycle
+    from app.db import session_scope
+    from app.models import Job, utcnow
+
+    (job_id,) = submit(api, auth, 1)
+    with session_scope() as session:
+        attempt = lifecycle.claim(session, job_id, {"name": "w"}, utcnow())
+        assert lifecycle.record_epoch(session, job_id, attempt, 3)
+        assert lifecycle.record_epoch(session, job_id, attempt, 2)  # replayed after a checkpoint of epoch 1
+        assert session.get(Job, job_id).epoch == 3

@@ -55,7 +55,8 @@ def look(sweep_id: str) -> tuple[SweepOut, list[TrialView]] | None:
         spec = SweepSpec.model_validate(sweep.spec)
         found = service.trial_jobs(session, sweep_id)
         views = []
-        for trial in service.trials(session, spec, found):
+        listed = service.trials(session, spec, found)
+        for trial in listed:
             group = found[trial.number]
             ran = min(job.epoch for job in group)
             per_epoch = []
@@ -73,7 +74,7 @@ def look(sweep_id: str) -> tuple[SweepOut, list[TrialView]] | None:
                     trial.pruned_at_epoch,
                 )
             )
-        return service.render(session, sweep), views
+        return service.render(session, sweep, found, listed), views
 
 
 def changes(before: dict[int, TrialView], now: list[TrialView]) -> list[Event]:

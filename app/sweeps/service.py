@@ -353,11 +353,14 @@ def trials(session: Session, spec: SweepSpec, found: dict[int, list[Job]]) -> li
     return made
 
 
-def render(session: Session, sweep: Sweep) -> SweepOut:
-    """The sweep's HTTP answer: counts of its trials by status, the best completed one, budget."""
+def render(
+    session: Session, sweep: Sweep, found: dict[int, list[Job]] | None = None, listed: list[Trial] | None = None
+) -> SweepOut:
+    """The sweep's HTTP answer: counts of its trials by status, the best completed one, budget.
+    `found` (trial_jobs) and `listed` (trials): when the caller has them already."""
     spec = SweepSpec.model_validate(sweep.spec)
-    found = trial_jobs(session, sweep.id)
-    listed = trials(session, spec, found)
+    found = found if found is not None else trial_jobs(session, sweep.id)
+    listed = listed if listed is not None else trials(session, spec, found)
     counts: dict[str, int] = {}
     for t in listed:
         counts[t.status] = counts.get(t.status, 0) + 1

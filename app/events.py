@@ -12,8 +12,9 @@ The numbers are functions of what is stored, so a client that reconnects with
 connection replays the job's whole story. Events without an id ("waiting": why a queued job
 has not started, null once it has) are hints that may change and are not replayed.
 
-The stream polls the database with a new, short session each time and holds none while it
-sleeps, so many watchers share the connection pool with the rest of the API.
+A stream reads the database only when told its job, its queue or its key changed (app/notify.py:
+one LISTEN connection per API process), each time in a new, short session, and holds none while
+it waits: many idle watchers cost no query and share the connection pool with the rest of the API.
 """
 
 from __future__ import annotations
@@ -32,17 +33,23 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app import jobs, rendering
+from app import jobs, notify, rendering
 from app.db import session_scope
-from app.models import EpochMetric, Job, rfc3339
+from app.models import ApiKey, EpochMetric, Job, rfc3339
+from app.queue import queue_name
 from app.schemas import FINISHED
 from app.status import JobStatus
 from trainers.spec import MAX_EPOCHS
 
-# How often a stream looks at the database (seconds): an epoch appears at most this late.
+# Without the hub (SQLite, or its listener reconnecting), how often a stream looks at the
+# database (seconds): an epoch appears at most this late.
 POLL_S = 0.5
-# How often a queued job's waiting reason is recomputed (two queries; heartbeats come every 5 s).
+# How often at most a queued job's waiting reason is recomputed (two queries; heartbeats come
+# every 5 s): without the hub, this often; with it, when a job of its queue or the fleet changed.
 WAITING_CHECK_S = 2.0
+# Without the hub, how often an open stream checks that its key is still live (seconds): a
+# revoked key's streams end after this (with the hub, at once), while its new requests are 401.
+KEY_CHECK_S = 5.0
 # A comment line this often keeps proxies and clients from timing out an idle stream.
 KEEPALIVE_S = 15.0
 # Polls of all streams in flight at once, per event loop: they run in the thread pool and must
@@ -85,6 +92,10 @@ class JobState:
     timings: dict | None
     worker: dict | None
     devices: int = 1
+
+    @property
+    def queue(self) -> str:
+        return queue_name(self.hardware, self.framework, self.devices or 1)
 
 
 def final_id(epochs: int) -> int:
@@ -230,35 +241,67 @@ def poll_slot() -> asyncio.Semaphore:
     return _poll_slots[loop]
 
 
-async def stream(job_id: str, last_id: int) -> AsyncGenerator[str, None]:
-    """The encoded event stream of a job after `last_id`; it ends after the final status."""
+async def stream(job_id: str, last_id: int, key_id: str) -> AsyncGenerator[str, None]:
+    """The encoded event stream of a job after `last_id`; it ends after the final status, when
+    the job is deleted, or when key `key_id` is revoked.
+
+    It reads the database when the hub (app/notify.py) says the job, its queue or its key
+    changed, and otherwise only sends a keepalive; while the hub is not live (SQLite, or the
+    listener reconnecting) it polls every POLL_S, the waiting reason every WAITING_CHECK_S and
+    the key every KEY_CHECK_S."""
     yield f"retry: {RETRY_MS}\n\n"
-    reason: str | None = None
-    next_reason_check = 0.0
-    last_write = time.monotonic()
-    while True:
-        want_reason = time.monotonic() >= next_reason_check
-        async with poll_slot():
-            state, metrics, new_reason = await run_in_threadpool(poll, job_id, last_id, want_reason)
-        if state is None:
-            return
-        if want_reason:
-            next_reason_check = time.monotonic() + WAITING_CHECK_S
-        for event in events_after(state, metrics, last_id):
-            yield event.encode()
-            last_id, last_write = event.id if event.id is not None else last_id, time.monotonic()
-        if state.status in FINISHED:
-            return
-        if (want_reason and state.status == JobStatus.QUEUED and new_reason != reason) or (
-            state.status != JobStatus.QUEUED and reason is not None
-        ):
-            # the reason changed, or the job left the queue (null: it no longer waits)
-            reason, last_write = (new_reason if state.status == JobStatus.QUEUED else None), time.monotonic()
-            yield Event(None, "waiting", {"waiting_reason": reason}).encode()
-        if time.monotonic() - last_write >= KEEPALIVE_S:
-            last_write = time.monotonic()
-            yield ": keepalive\n\n"
-        await asyncio.sleep(POLL_S)
+    hub = notify.hub()
+    with hub.watch(job_id, key_id) as watch:
+        reason: str | None = None
+        next_reason_check, next_key_check = 0.0, time.monotonic() + KEY_CHECK_S
+        last_write = time.monotonic()
+        while True:
+            job_changed, queue_changed, key_changed = watch.take()
+            live, now = hub.live, time.monotonic()
+            if key_changed or (not live and now >= next_key_check):
+                next_key_check = now + KEY_CHECK_S
+                if not await run_in_threadpool(key_is_live, key_id):
+                    return
+            want_reason = (job_changed or queue_changed) if live else now >= next_reason_check
+            if want_reason and not job_changed and now < next_reason_check:
+                # a busy queue: its waiters look again at most every WAITING_CHECK_S
+                watch.defer_queue()
+                want_reason = False
+            if job_changed or want_reason or not live:
+                async with poll_slot():
+                    state, metrics, new_reason = await run_in_threadpool(poll, job_id, last_id, want_reason)
+                if state is None:
+                    return
+                watch.queue, watch.waiting = state.queue, state.status == JobStatus.QUEUED
+                if want_reason:
+                    next_reason_check = time.monotonic() + WAITING_CHECK_S
+                for event in events_after(state, metrics, last_id):
+                    yield event.encode()
+                    last_id, last_write = event.id if event.id is not None else last_id, time.monotonic()
+                if state.status in FINISHED:
+                    return
+                if (want_reason and watch.waiting and new_reason != reason) or (
+                    not watch.waiting and reason is not None
+                ):
+                    # the reason changed, or the job left the queue (null: it no longer waits)
+                    reason, last_write = (new_reason if watch.waiting else None), time.monotonic()
+                    yield Event(None, "waiting", {"waiting_reason": reason}).encode()
+            if time.monotonic() - last_write >= KEEPALIVE_S:
+                last_write = time.monotonic()
+                yield ": keepalive\n\n"
+            if live:
+                until_keepalive = KEEPALIVE_S - (time.monotonic() - last_write)
+                until_reason = next_reason_check - time.monotonic() if watch.queue_changed else until_keepalive
+                await watch.wait(max(min(until_keepalive, until_reason), 0.0))
+            else:
+                await watch.wait(POLL_S)
+
+
+def key_is_live(key_id: str) -> bool:
+    """Whether key `key_id` exists and is not revoked (its streams end when it is not)."""
+    with session_scope() as session:
+        key = session.get(ApiKey, key_id)
+        return key is not None and key.revoked_at is None
 
 
 def _iso(value: datetime | None) -> str | None:

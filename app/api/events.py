@@ -16,13 +16,23 @@ from app.db import session_scope
 from app.deps import CurrentUser
 from app.errors import responses
 from app.keys import Caller
-from app.models import ApiKey
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-# How often an open stream checks that its key is still live (seconds): a revoked key's streams
-# end at their next event or keepalive after this, while new requests with it are 401 at once.
-KEY_CHECK_S = 5.0
+
+async def while_key_is_live(stream: AsyncGenerator[str, None], key_id: str) -> AsyncIterator[str]:
+    """`stream` until key `key_id` is revoked (looked at every events.KEY_CHECK_S, between
+    chunks), for streams that poll (a sweep's); a job's stream watches its key itself."""
+    checked = time.monotonic()
+    try:
+        async for chunk in stream:
+            if time.monotonic() - checked >= events.KEY_CHECK_S:
+                checked = time.monotonic()
+                if not await run_in_threadpool(events.key_is_live, key_id):
+                    return
+            yield chunk
+    finally:
+        await stream.aclose()
 
 
 def _owned_id(user: Caller, job_id: str) -> str | None:
@@ -30,25 +40,6 @@ def _owned_id(user: Caller, job_id: str) -> str | None:
     with session_scope() as session:
         job = service.get_job(session, user, job_id)
         return job.id if job is not None else None
-
-
-def _key_is_live(key_id: str) -> bool:
-    with session_scope() as session:
-        key = session.get(ApiKey, key_id)
-        return key is not None and key.revoked_at is None
-
-
-async def while_key_is_live(stream: AsyncGenerator[str, None], key_id: str) -> AsyncIterator[str]:
-    checked = time.monotonic()
-    try:
-        async for chunk in stream:
-            if time.monotonic() - checked >= KEY_CHECK_S:
-                checked = time.monotonic()
-                if not await run_in_threadpool(_key_is_live, key_id):
-                    return
-            yield chunk
-    finally:
-        await stream.aclose()
 
 
 @router.get(
@@ -81,7 +72,7 @@ async def job_events(
     if full_id is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, service.not_found_message("job", job_id))
     return StreamingResponse(
-        while_key_is_live(events.stream(full_id, events.parse_last_event_id(last_event_id)), user.id),
+        events.stream(full_id, events.parse_last_event_id(last_event_id), user.id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -181,7 +181,6 @@ def test_keys_are_stored_hashed_shown_once_listed_without_secrets_and_revoked_at
 
 def test_an_open_event_stream_ends_once_its_key_is_revoked(api, make_key, monkeypatch):
     from app import events
-    from app.api import events as events_route
     from app.db import session_scope
     from app.keys import revoke_key
 
@@ -190,7 +189,7 @@ def test_an_open_event_stream_ends_once_its_key_is_revoked(api, make_key, monkey
     # a queued job's stream is endless: poll and keep alive often, check the key often
     monkeypatch.setattr(events, "POLL_S", 0.01)
     monkeypatch.setattr(events, "KEEPALIVE_S", 0.02)
-    monkeypatch.setattr(events_route, "KEY_CHECK_S", 0.05)
+    monkeypatch.setattr(events, "KEY_CHECK_S", 0.05)
     lines = 0
     with api.stream("GET", f"/jobs/{job}/events", headers=bearer(secret)) as response:
         assert response.status_code == 200

@@ -1,0 +1,169 @@
+"""Event streams pushed by PostgreSQL's NOTIFY (app/notify.py): an idle stream costs no query,
+a stored epoch reaches its stream at once, a revoked key ends its streams, and a listener that
+lost its connection reconnects and misses nothing.
+
+Polling is slowed to a minute in these tests, so only a notification can deliver an event in time.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+
+import pytest
+from sqlalchemy import event, text
+
+DIGITS = {"framework": "jax", "dataset": {"name": "digits"}, "epochs": 3}
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def slow_polls(monkeypatch):
+    from app import events
+
+    monkeypatch.setattr(events, "POLL_S", 60.0)
+    monkeypatch.setattr(events, "KEY_CHECK_S", 60.0)
+    monkeypatch.setattr(events, "WAITING_CHECK_S", 0.05)
+
+
+class Reader:
+    """A job's event stream read in a thread: `next_event()` gives (event, data) as they come."""
+
+    def __init__(self, api, job_id: str, headers: dict) -> None:
+        self.events: queue.Queue = queue.Queue()
+        self.ended = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(api, job_id, headers), daemon=True)
+        self._thread.start()
+
+    def _read(self, api, job_id, headers) -> None:
+        current: dict = {}
+        with api.stream("GET", f"/jobs/{job_id}/events", headers=headers) as response:
+            for line in response.iter_lines():
+                if line == "" and "data" in current:
+                    self.events.put((current["event"], json.loads(current["data"])))
+                    current = {}
+                elif line and not line.startswith(":"):
+                    field, _, value = line.partition(": ")
+                    current[field] = value
+        self.ended.set()
+
+    def next_event(self, kind: str) -> dict:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                got, data = self.events.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                break
+            if got == kind:
+                return data
+        raise AssertionError(f"no {kind} event within {WAIT_S} s")
+
+
+def hub_is_live() -> bool:
+    from app import notify
+
+    return any(hub.live for hub in list(notify._hubs.values()))
+
+
+def wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {WAIT_S} s"
+        time.sleep(0.02)
+
+
+class QueryCounter:
+    """Statements the API's engine sends to the database, counted."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, *_args) -> None:
+        self.count += 1
+
+
+@pytest.fixture
+def queries(api):
+    from app.db import get_engine
+
+    counter = QueryCounter()
+    event.listen(get_engine(), "before_cursor_execute", counter)
+    yield counter
+    event.remove(get_engine(), "before_cursor_execute", counter)
+
+
+def test_an_idle_stream_costs_no_query_and_an_epoch_reaches_it_at_once(api, auth, rows, slow_polls, queries):
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()["id"]
+    rows.start(job)
+    reader = Reader(api, job, auth)
+    assert reader.next_event("status")["status"] == "queued"
+    wait_until(hub_is_live, "the listener is live")
+    reader.next_event("status")  # running
+    time.sleep(0.3)  # the hub's first wake reads the rows once more
+
+    before = queries.count
+    time.sleep(1.5)
+    assert queries.count == before, "an idle stream of a running job reads nothing"
+
+    rows.epoch(job, 1, loss=0.7)
+    assert reader.next_event("metrics")["train_loss"] == 0.7
+    rows.finish(job, result={"test_accuracy": 0.9, "test_loss": 0.3})
+    assert reader.next_event("status")["status"] == "succeeded"
+    assert reader.ended.wait(WAIT_S)
+
+
+def test_a_waiting_job_is_told_when_the_job_ahead_starts(api, auth, rows, slow_polls, monkeypatch):
+    from app import jobs
+
+    # a worker serves cpu.jax, so both jobs wait for it, one behind the other
+    monkeypatch.setattr(jobs, "online_queues", lambda _session: {"cpu.jax"})
+    first = api.post("/jobs", json=DIGITS, headers=auth).json()["id"]
+    second = api.post("/jobs", json=DIGITS, headers=auth).json()["id"]
+    reader = Reader(api, second, auth)
+    assert reader.next_event("waiting")["waiting_reason"].endswith("(1 job(s) ahead)")
+    wait_until(hub_is_live, "the listener is live")
+
+    rows.start(first)
+    assert reader.next_event("waiting")["waiting_reason"].endswith("(0 job(s) ahead)")
+    api.post(f"/jobs/{second}/cancel", headers=auth)
+    assert reader.next_event("status")["status"] == "cancelled"
+
+
+def test_a_revoked_key_ends_its_open_stream_at_once(api, make_key, slow_polls):
+    from app.db import session_scope
+    from app.keys import revoke_key
+
+    secret = make_key("watcher")
+    headers = {"Authorization": f"Bearer {secret}"}
+    job = api.post("/jobs", json=DIGITS, headers=headers).json()["id"]
+    reader = Reader(api, job, headers)
+    reader.next_event("status")
+    wait_until(hub_is_live, "the listener is live")
+    with session_scope() as session:
+        assert revoke_key(session, secret[:10]) is not None
+    assert reader.ended.wait(WAIT_S), "the stream ends although polling would take a minute"
+
+
+def test_a_listener_that_lost_its_connection_reconnects_and_misses_nothing(api, auth, rows, slow_polls):
+    from app.db import session_scope
+
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()["id"]
+    rows.start(job)
+    reader = Reader(api, job, auth)
+    wait_until(hub_is_live, "the listener is live")
+    reader.next_event("status")  # queued
+    with session_scope() as session:  # the database drops the listener's connection
+        ended = session.execute(text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN trainhub_%'"
+        )).scalars().all()
+    assert ended and all(ended)
+    rows.epoch(job, 1, loss=0.5)  # stored while the listener is away or reconnecting
+    assert reader.next_event("metrics")["train_loss"] == 0.5
+    wait_until(hub_is_live, "the listener is live again")
+    rows.epoch(job, 2, loss=0.25)
+    assert reader.next_event("metrics")["train_loss"] == 0.25
+    api.post(f"/jobs/{job}/cancel", headers=auth)
+    rows.finish(job, status="cancelled")
+    assert reader.next_event("status")["status"] == "cancelled"

@@ -251,7 +251,7 @@ async def stream(job_id: str, last_id: int, key_id: str) -> AsyncGenerator[str, 
     the key every KEY_CHECK_S."""
     yield f"retry: {RETRY_MS}\n\n"
     hub = notify.hub()
-    with hub.watch(job_id, key_id) as watch:
+    with hub.watch(key_id, job_id=job_id) as watch:
         reason: str | None = None
         next_reason_check, next_key_check = 0.0, time.monotonic() + KEY_CHECK_S
         last_write = time.monotonic()

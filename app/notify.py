@@ -1,7 +1,8 @@
 """One listener per API process wakes the event streams whose job, queue or key changed.
 
-PostgreSQL triggers (migration 0021) NOTIFY at commit: `trainhub_jobs` with "<job id> <queue>"
-when a job is written or its status, epoch or start changes ("<job id>" for a metrics row), and
+PostgreSQL triggers (migration 0021) NOTIFY at commit: `trainhub_jobs` with "<job id> <queue>
+<sweep id>" when a job is written or its status, epoch or start changes ("<job id>" for a
+metrics row), `trainhub_sweeps` with "<sweep id>" when a sweep's status changes, and
 `trainhub_keys` with "<key id>" when a key is revoked or deleted. The hub holds one LISTEN
 connection while any stream is open and wakes the streams concerned; an idle stream costs no
 query. A woken stream reads the rows, which are the truth: a notification is only a hint, and
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 JOBS_CHANNEL = "trainhub_jobs"
 KEYS_CHANNEL = "trainhub_keys"
+SWEEPS_CHANNEL = "trainhub_sweeps"
 # How often the hub looks at which queues are served while queued jobs are watched (seconds).
 FLEET_CHECK_S = 2.0
 # Waits between attempts to (re)connect the listener (seconds): doubling up to the last.
@@ -44,11 +46,13 @@ RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
 
 @dataclass(eq=False)
 class Watch:
-    """What one stream waits on. `job`, `queue`, `key`: what changed since the stream last
-    looked (the job and its queue at first: it has not looked yet; its key was just checked)."""
+    """What one stream waits on: a job (`job_id`) or a sweep's trials (`sweep_id`), and its key.
+    `job`, `queue_changed`, `key`: what changed since the stream last looked (the first two at
+    first: it has not looked yet; its key was just checked)."""
 
-    job_id: str
     key_id: str
+    job_id: str | None = None
+    sweep_id: str | None = None
     queue: str | None = None  # set by the stream once it knows the job's queue
     waiting: bool = False  # the job is queued: the fleet's changes concern it
     job: bool = True
@@ -92,10 +96,11 @@ class Hub:
         self.live = False
 
     @contextmanager
-    def watch(self, job_id: str, key_id: str) -> Iterator[Watch]:
-        """A Watch on `job_id` for the duration of the block (register before reading the rows,
-        so no change between the read and the wait is missed)."""
-        watch = Watch(job_id, key_id)
+    def watch(self, key_id: str, job_id: str | None = None, sweep_id: str | None = None) -> Iterator[Watch]:
+        """A Watch on job `job_id` or on the trials of sweep `sweep_id` for the duration of the
+        block (register before reading the rows, so no change between the read and the wait is
+        missed)."""
+        watch = Watch(key_id, job_id, sweep_id)
         self._watches.add(watch)
         self._start()
         try:
@@ -112,9 +117,14 @@ class Hub:
                 if watch.key_id == payload:
                     watch.wake(key=True)
             return
-        job_id, _, queue = payload.partition(" ")
+        if channel == SWEEPS_CHANNEL:
+            for watch in self._watches:
+                if watch.sweep_id == payload:
+                    watch.wake(job=True)
+            return
+        job_id, queue, sweep_id = (payload.split(" ") + ["", ""])[:3]
         for watch in self._watches:
-            if watch.job_id == job_id:
+            if watch.job_id == job_id or (sweep_id and watch.sweep_id == sweep_id):
                 watch.wake(job=True)
             elif queue and watch.waiting and watch.queue == queue:
                 watch.wake(queue=True)
@@ -146,6 +156,7 @@ class Hub:
                 async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {JOBS_CHANNEL}")
                     await conn.execute(f"LISTEN {KEYS_CHANNEL}")
+                    await conn.execute(f"LISTEN {SWEEPS_CHANNEL}")
                     self.live, attempt = True, 0
                     self.wake_all()  # what changed before the LISTEN, or while it was down
                     async for note in conn.notifies():

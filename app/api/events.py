@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, status
@@ -18,21 +16,6 @@ from app.errors import responses
 from app.keys import Caller
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-
-
-async def while_key_is_live(stream: AsyncGenerator[str, None], key_id: str) -> AsyncIterator[str]:
-    """`stream` until key `key_id` is revoked (looked at every events.KEY_CHECK_S, between
-    chunks), for streams that poll (a sweep's); a job's stream watches its key itself."""
-    checked = time.monotonic()
-    try:
-        async for chunk in stream:
-            if time.monotonic() - checked >= events.KEY_CHECK_S:
-                checked = time.monotonic()
-                if not await run_in_threadpool(events.key_is_live, key_id):
-                    return
-            yield chunk
-    finally:
-        await stream.aclose()
 
 
 def _owned_id(user: Caller, job_id: str) -> str | None:

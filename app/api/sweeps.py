@@ -10,7 +10,6 @@ from starlette.concurrency import run_in_threadpool
 
 from app import jobs
 from app.api import json_response
-from app.api.events import while_key_is_live
 from app.db import session_scope
 from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
@@ -105,7 +104,7 @@ async def sweep_events(sweep_id: str, user: CurrentUser) -> StreamingResponse:
     if full_id is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, jobs.not_found_message("sweep", sweep_id))
     return StreamingResponse(
-        while_key_is_live(events.stream(full_id), user.id),
+        events.stream(full_id, user.id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

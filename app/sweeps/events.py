@@ -13,22 +13,22 @@ Last-Event-ID).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
+from app import notify
 from app.db import session_scope
-from app.events import KEEPALIVE_S, RETRY_MS, Event, poll_slot
+from app.events import KEEPALIVE_S, KEY_CHECK_S, RETRY_MS, Event, key_is_live, poll_slot
 from app.models import Sweep
 from app.status import ACTIVE, JobStatus, SweepStatus
 from app.sweeps import service
 from app.sweeps.spec import Sweep as SweepOut
 from app.sweeps.spec import SweepSpec
 
-# How often a stream looks at the database (seconds).
+# Without the hub (app/notify.py), how often a stream looks at the database (seconds).
 POLL_S = 1.0
 
 
@@ -108,29 +108,41 @@ def _summary(sweep: SweepOut) -> dict:
     return sweep.model_dump(mode="json", include={"id", "status", "trials", "best", "budget"})
 
 
-async def stream(sweep_id: str) -> AsyncGenerator[str, None]:
-    """The encoded event stream of a sweep; it ends after the sweep's final `sweep` event."""
+async def stream(sweep_id: str, key_id: str) -> AsyncGenerator[str, None]:
+    """The encoded event stream of a sweep; it ends after the sweep's final `sweep` event, when
+    the sweep is deleted, or when key `key_id` is revoked. Like a job's stream (app/events.py) it
+    looks at the rows when the hub says a trial or the sweep changed, and polls every POLL_S
+    (its key every KEY_CHECK_S) while the hub is not live."""
     yield f"retry: {RETRY_MS}\n\n"
-    trials: dict[int, TrialView] = {}
-    summary: dict | None = None
-    last_write = time.monotonic()
-    while True:
-        async with poll_slot():
-            seen = await run_in_threadpool(look, sweep_id)
-        if seen is None:
-            return
-        sweep, views = seen
-        for event in changes(trials, views):
-            yield event.encode()
-            last_write = time.monotonic()
-        trials = {view.number: view for view in views}
-        if _summary(sweep) != summary:
-            summary = _summary(sweep)
-            yield Event(None, "sweep", summary).encode()
-            last_write = time.monotonic()
-        if sweep.status != SweepStatus.RUNNING and not any(v.status in ACTIVE for v in views):
-            return
-        if time.monotonic() - last_write >= KEEPALIVE_S:
-            last_write = time.monotonic()
-            yield ": keepalive\n\n"
-        await asyncio.sleep(POLL_S)
+    hub = notify.hub()
+    with hub.watch(key_id, sweep_id=sweep_id) as watch:
+        trials: dict[int, TrialView] = {}
+        summary: dict | None = None
+        last_write, next_key_check = time.monotonic(), time.monotonic() + KEY_CHECK_S
+        while True:
+            changed, _, key_changed = watch.take()
+            live, now = hub.live, time.monotonic()
+            if key_changed or (not live and now >= next_key_check):
+                next_key_check = now + KEY_CHECK_S
+                if not await run_in_threadpool(key_is_live, key_id):
+                    return
+            if changed or not live:
+                async with poll_slot():
+                    seen = await run_in_threadpool(look, sweep_id)
+                if seen is None:
+                    return
+                sweep, views = seen
+                for event in changes(trials, views):
+                    yield event.encode()
+                    last_write = time.monotonic()
+                trials = {view.number: view for view in views}
+                if _summary(sweep) != summary:
+                    summary = _summary(sweep)
+                    yield Event(None, "sweep", summary).encode()
+                    last_write = time.monotonic()
+                if sweep.status != SweepStatus.RUNNING and not any(v.status in ACTIVE for v in views):
+                    return
+            if time.monotonic() - last_write >= KEEPALIVE_S:
+                last_write = time.monotonic()
+                yield ": keepalive\n\n"
+            await watch.wait(KEEPALIVE_S - (time.monotonic() - last_write) if live else POLL_S)

@@ -22,8 +22,10 @@ WAIT_S = 10.0
 @pytest.fixture
 def slow_polls(monkeypatch):
     from app import events
+    from app.sweeps import events as sweep_events
 
     monkeypatch.setattr(events, "POLL_S", 60.0)
+    monkeypatch.setattr(sweep_events, "POLL_S", 60.0)
     monkeypatch.setattr(events, "KEY_CHECK_S", 60.0)
     monkeypatch.setattr(events, "WAITING_CHECK_S", 0.05)
 
@@ -31,15 +33,15 @@ def slow_polls(monkeypatch):
 class Reader:
     """A job's event stream read in a thread: `next_event()` gives (event, data) as they come."""
 
-    def __init__(self, api, job_id: str, headers: dict) -> None:
+    def __init__(self, api, job_id: str, headers: dict, path: str = "/jobs/{}/events") -> None:
         self.events: queue.Queue = queue.Queue()
         self.ended = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(api, job_id, headers), daemon=True)
+        self._thread = threading.Thread(target=self._read, args=(api, path.format(job_id), headers), daemon=True)
         self._thread.start()
 
-    def _read(self, api, job_id, headers) -> None:
+    def _read(self, api, path, headers) -> None:
         current: dict = {}
-        with api.stream("GET", f"/jobs/{job_id}/events", headers=headers) as response:
+        with api.stream("GET", path, headers=headers) as response:
             for line in response.iter_lines():
                 if line == "" and "data" in current:
                     self.events.put((current["event"], json.loads(current["data"])))
@@ -101,7 +103,10 @@ def test_an_idle_stream_costs_no_query_and_an_epoch_reaches_it_at_once(api, auth
     assert reader.next_event("status")["status"] == "queued"
     wait_until(hub_is_live, "the listener is live")
     reader.next_event("status")  # running
-    time.sleep(0.3)  # the hub's first wake reads the rows once more
+    settled = -1
+    while settled != queries.count:  # the hub's first wake reads the rows once more
+        settled = queries.count
+        time.sleep(0.3)
 
     before = queries.count
     time.sleep(1.5)
@@ -129,6 +134,7 @@ def test_a_waiting_job_is_told_when_the_job_ahead_starts(api, auth, rows, slow_p
     assert reader.next_event("waiting")["waiting_reason"].endswith("(0 job(s) ahead)")
     api.post(f"/jobs/{second}/cancel", headers=auth)
     assert reader.next_event("status")["status"] == "cancelled"
+    assert reader.ended.wait(WAIT_S)
 
 
 def test_a_revoked_key_ends_its_open_stream_at_once(api, make_key, slow_polls):
@@ -167,3 +173,25 @@ def test_a_listener_that_lost_its_connection_reconnects_and_misses_nothing(api, 
     api.post(f"/jobs/{job}/cancel", headers=auth)
     rows.finish(job, status="cancelled")
     assert reader.next_event("status")["status"] == "cancelled"
+    assert reader.ended.wait(WAIT_S)
+
+
+def test_a_sweeps_stream_hears_its_trials_and_its_end(api, auth, rows, slow_polls):
+    space = {"optimizer.learning_rate": {"log_uniform": [1e-3, 1e-1]}}
+    body = {"base": {**DIGITS, "epochs": 2}, "space": space, "max_trials": 2, "parallelism": 1}
+    sweep = api.post("/sweeps", json=body, headers=auth).json()["id"]
+    trial = api.get(f"/sweeps/{sweep}/trials", headers=auth).json()["items"][0]
+    reader = Reader(api, sweep, auth, path="/sweeps/{}/events")
+    assert reader.next_event("sweep")["status"] == "running"
+    wait_until(hub_is_live, "the listener is live")
+
+    rows.start(trial["job_id"])
+    assert reader.next_event("trial_start")["trial"] == 0
+    rows.epoch(trial["job_id"], 1, loss=0.5)
+    assert reader.next_event("trial_epoch")["epoch"] == 1
+    api.post(f"/sweeps/{sweep}/cancel", headers=auth)
+    rows.finish(trial["job_id"], status="cancelled")
+    while (data := reader.next_event("sweep"))["status"] == "running":
+        pass
+    assert data["status"] == "cancelled"
+    assert reader.ended.wait(WAIT_S)

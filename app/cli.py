@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -34,7 +35,16 @@ console = Console(stderr=True)
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except ValidationError as error:
+        if error.title != Settings.__name__:
+            raise
+        # A bad TRAINHUB_* variable: say which and why, not a traceback.
+        for problem in error.errors():
+            name = "TRAINHUB_" + "_".join(str(part) for part in problem["loc"]).upper()
+            console.print(f"[red]error:[/red] {name}={problem.get('input')!r}: {problem['msg']}")
+        raise SystemExit(2) from None
 
 
 # --- processes -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ batch size 128, 10 epochs, seed 0.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal, get_args
 
@@ -179,6 +180,10 @@ class DatasetSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _id_or_name(cls, value: object) -> object:
+        given = value if isinstance(value, dict) else {}
+        name = given.get("name")
+        if isinstance(name, str) and re.fullmatch(DATASET_ID_PATTERN, name) and given.get("id") is None:
+            raise ValueError(f"{name} is an uploaded dataset's id: give it as dataset.id, not dataset.name")
         if isinstance(value, dict) and value.get("id") is not None:
             if value.get("name") is not None:
                 raise ValueError("name a built-in dataset or give an uploaded dataset's id, not both")

@@ -248,6 +248,14 @@ def test_an_unknown_field_names_the_nearest_one(api, auth):
     assert "the fields here are" in far and "batch_size" in far
 
 
+def test_an_uploaded_datasets_id_given_as_its_name_is_told_to_use_id(api, auth):
+    uploaded = "ds_" + "0" * 32
+    response = api.post("/jobs", json={"framework": "jax", "dataset": {"name": uploaded}}, headers=auth)
+    assert response.status_code == 422
+    messages = [e["msg"] for e in response.json()["detail"]]
+    assert any("give it as dataset.id" in m for m in messages), messages
+
+
 def test_a_string_where_an_object_belongs_shows_the_object(api, auth):
     response = api.post("/jobs", json={"framework": "jax", "dataset": "digits"}, headers=auth)
     assert response.status_code == 422

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import Request
 from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -106,21 +105,6 @@ def get_reader_sessionmaker() -> sessionmaker[Session]:
 def session_scope() -> Session:
     """A new session; use as `with session_scope() as session:`."""
     return get_sessionmaker()()
-
-
-READ_METHODS = ("GET", "HEAD")
-
-
-async def get_session(request: Request) -> AsyncIterator[Session]:
-    """FastAPI dependency: one session per request. A GET or HEAD only reads, so its session
-    is in autocommit mode (see get_reader_sessionmaker); other methods get a transaction.
-
-    Async so that FastAPI runs it on the event loop rather than in two thread-pool hops: opening a
-    session does no I/O, and closing one only hands its connection back (with a ROLLBACK when a
-    transaction was left open)."""
-    make = get_reader_sessionmaker() if request.method in READ_METHODS else get_sessionmaker()
-    with make() as session:
-        yield session
 
 
 def migrate(url: str | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -9,8 +10,23 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from app import limits
-from app.db import get_reader_sessionmaker, get_session
+from app.db import get_reader_sessionmaker, get_sessionmaker
 from app.keys import Caller, find_key
+
+READ_METHODS = ("GET", "HEAD")
+
+
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """FastAPI dependency: one session per request. A GET or HEAD only reads, so its session
+    is in autocommit mode (see get_reader_sessionmaker); other methods get a transaction.
+
+    Async so that FastAPI runs it on the event loop rather than in two thread-pool hops: opening a
+    session does no I/O, and closing one only hands its connection back (with a ROLLBACK when a
+    transaction was left open)."""
+    make = get_reader_sessionmaker() if request.method in READ_METHODS else get_sessionmaker()
+    with make() as session:
+        yield session
+
 
 SessionDep = Annotated[Session, Depends(get_session)]
 

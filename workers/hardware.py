@@ -1,11 +1,14 @@
 """Pin a worker to its hardware before any framework is imported, then check what it can serve.
 
 `pin` only sets environment variables, so it must run before jax or torch is imported in the
-process; `detect` imports the frameworks and asks each whether it really sees the hardware.
+process; `detect` asks each framework whether it really sees the hardware (on gpu and tpu by
+importing it; on cpu, where both always run, it only checks that each is installed).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
@@ -73,12 +76,16 @@ class Capabilities:
 
 
 def detect(hardware: str, frameworks: list[str], cpu_devices: int = 1) -> Capabilities:
-    """Import each framework and keep those that really use `hardware` (on cpu, the worker's
-    cores count as `cpu_devices` devices, as pin() set them up)."""
+    """Keep the frameworks that really use `hardware`: on gpu and tpu, each is imported and asked
+    for its devices; on cpu, which every build of both runs on, each need only be installed (its
+    cores count as `cpu_devices` devices, as pin() set them up), so the worker is online without
+    importing either, and its first job imports only its own framework."""
     caps = Capabilities(hardware=hardware)
     for framework in frameworks:
         try:
-            if framework == "jax":
+            if hardware == "cpu":
+                devices, version = _check_installed(framework, cpu_devices)
+            elif framework == "jax":
                 devices, version = _check_jax(hardware)
             else:
                 devices, version = _check_torch(hardware, cpu_devices)
@@ -89,6 +96,13 @@ def detect(hardware: str, frameworks: list[str], cpu_devices: int = 1) -> Capabi
         caps.versions[framework] = version
         caps.devices = sorted(set(caps.devices) | set(devices))
     return caps
+
+
+def _check_installed(framework: str, cpu_devices: int) -> tuple[list[str], str]:
+    module = {"jax": "jax", "pytorch": "torch"}[framework]
+    if importlib.util.find_spec(module) is None:
+        raise RuntimeError(f"{module} is not installed (pip install {module})")
+    return [f"cpu:{i}" for i in range(cpu_devices)], importlib.metadata.version(module)
 
 
 def _check_jax(hardware: str) -> tuple[list[str], str]:

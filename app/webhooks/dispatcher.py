@@ -28,6 +28,7 @@ import httpx
 from app.config import Settings, get_settings
 from app.db import session_scope
 from app.webhooks import outbox, signing, urls
+from app.webhooks.schemas import DeliveryStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def _claim(room: int, settings: Settings) -> list[outbox.Claimed]:
 def _record(claimed: outbox.Claimed, response_status: int | None, error: str | None, settings: Settings) -> None:
     with session_scope() as session:
         status = outbox.record(session, claimed, response_status, error, settings)
-    if status == "failed":
+    if status == DeliveryStatus.FAILED:
         log.warning("webhook delivery %s to %s failed for good: %s", claimed.id, claimed.url, error)
 
 

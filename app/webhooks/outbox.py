@@ -26,6 +26,7 @@ from app.models import ApiKey, Artifact, Comparison, EpochMetric, Job, WebhookDe
 from app.schemas import ArtifactInfo, EpochMetrics
 from app.status import FINISHED
 from app.webhooks import schemas
+from app.webhooks.schemas import DeliveryStatus
 
 # A failed attempt is tried again after retry_base_s, doubling each time, but never more than
 # this apart (seconds).
@@ -67,10 +68,12 @@ def claim(session: Session, limit: int, settings: Settings) -> list[Claimed]:
     due = (
         select(WebhookDelivery.id)
         .where(
-            WebhookDelivery.status == "pending",
+            WebhookDelivery.status == DeliveryStatus.PENDING,
             WebhookDelivery.next_attempt_at <= now,
             ~exists().where(
-                earlier.job_id == WebhookDelivery.job_id, earlier.status == "pending", earlier.seq < WebhookDelivery.seq
+                earlier.job_id == WebhookDelivery.job_id,
+                earlier.status == DeliveryStatus.PENDING,
+                earlier.seq < WebhookDelivery.seq,
             ),
         )
         .order_by(WebhookDelivery.next_attempt_at)
@@ -149,32 +152,32 @@ def record(
     response_status: int | None,
     error: str | None,
     settings: Settings,
-) -> str | None:
+) -> DeliveryStatus | None:
     """Record the outcome of `claimed`'s attempt: delivered (no `error`), or tried again after
     retry_delay, or failed once the next try would come later than retry_for_s after the status
     change. Returns the delivery's new status; None when the attempt no longer owns the row (its
     lease ran out and another attempt took it). Commits."""
     now = utcnow()
     if error is None:
-        values: dict[str, object] = {"status": "delivered", "delivered_at": now, "next_attempt_at": None}
+        values: dict[str, object] = {"status": DeliveryStatus.DELIVERED, "delivered_at": now, "next_attempt_at": None}
     else:
         retry_at = now + timedelta(seconds=retry_delay(claimed.attempt, settings))
         if retry_at > claimed.created_at + timedelta(seconds=settings.webhook_retry_for_s):
-            values = {"status": "failed", "next_attempt_at": None}
+            values = {"status": DeliveryStatus.FAILED, "next_attempt_at": None}
         else:
-            values = {"status": "pending", "next_attempt_at": retry_at}
+            values = {"status": DeliveryStatus.PENDING, "next_attempt_at": retry_at}
     moved = session.execute(
         update(WebhookDelivery)
         .where(
             WebhookDelivery.id == claimed.id,
             WebhookDelivery.attempts == claimed.attempt,
-            WebhookDelivery.status == "pending",
+            WebhookDelivery.status == DeliveryStatus.PENDING,
         )
         .values(response_status=response_status, error=error[:500] if error else None, **values)
         .returning(WebhookDelivery.status)
     ).scalar()
     session.commit()
-    return moved
+    return DeliveryStatus(moved) if moved else None
 
 
 def page(session: Session, job_id: str, limit: int, cursor: str | None) -> tuple[list[WebhookDelivery], str | None]:
@@ -196,11 +199,11 @@ def delivery(row: WebhookDelivery) -> schemas.WebhookDelivery:
         id=row.id,
         event=row.event,
         url=row.url,
-        status=row.status,
+        status=DeliveryStatus(row.status),
         attempts=row.attempts,
         created_at=row.created_at,
         last_attempt_at=row.last_attempt_at,
-        next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
+        next_attempt_at=row.next_attempt_at if row.status == DeliveryStatus.PENDING else None,
         delivered_at=row.delivered_at,
         response_status=row.response_status,
         error=row.error,

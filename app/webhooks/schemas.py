@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from enum import StrEnum, auto
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.schemas import Job, Timestamp
 from trainers.spec import MAX_WEBHOOK_URL_CHARS
 
-DeliveryStatus = Literal["pending", "delivered", "failed"]
+
+class DeliveryStatus(StrEnum):
+    """A delivery's state (spelled by auto(): the job statuses keep their one home, app/status.py)."""
+
+    PENDING = auto()
+    DELIVERED = auto()
+    FAILED = auto()
 
 
 class WebhookEvent(BaseModel):

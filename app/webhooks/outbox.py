@@ -14,6 +14,7 @@ still pending."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -27,6 +28,8 @@ from app.schemas import ArtifactInfo, EpochMetrics
 from app.status import FINISHED
 from app.webhooks import schemas
 from app.webhooks.schemas import DeliveryStatus
+
+log = logging.getLogger(__name__)
 
 # A failed attempt is tried again after retry_base_s, doubling each time, but never more than
 # this apart (seconds).
@@ -97,7 +100,13 @@ def claim(session: Session, limit: int, settings: Settings) -> list[Claimed]:
     claimed = []
     for row in list(session.scalars(select(WebhookDelivery).where(WebhookDelivery.id.in_(ids)))):
         if row.body is None:
-            row.body = render(session, row)
+            try:
+                row.body = render(session, row)
+            except Exception:  # e.g. a stored job this version cannot render: retrying would not help
+                log.exception("webhook delivery %s: the job could not be rendered; it is failed", row.id)
+                session.rollback()
+                _give_up(session, row.id, "internal error: the job could not be rendered")
+                continue
             session.commit()  # the bytes every attempt sends
         secret = session.scalar(select(ApiKey.webhook_secret).where(ApiKey.id == row.job["owner_id"]))
         claimed.append(
@@ -105,6 +114,15 @@ def claim(session: Session, limit: int, settings: Settings) -> list[Claimed]:
         )
     session.commit()
     return claimed
+
+
+def _give_up(session: Session, delivery_id: str, error: str) -> None:
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery_id)
+        .values(status=DeliveryStatus.FAILED, next_attempt_at=None, error=error)
+    )
+    session.commit()
 
 
 def render(session: Session, row: WebhookDelivery) -> str:

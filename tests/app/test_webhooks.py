@@ -345,3 +345,24 @@ def test_the_embedded_database_records_the_same_changes(tmp_path):
         session.commit()
         assert {j for j, *_ in session.execute(select(WebhookDelivery.job_id))} == {default.id}
     engine.dispose()
+
+
+def test_a_job_that_cannot_be_rendered_fails_its_delivery_without_blocking_the_others(hook_api, auth):
+    from sqlalchemy import update
+
+    from app.config import get_settings
+    from app.db import session_scope
+    from app.models import WebhookDelivery
+    from app.webhooks import outbox
+
+    secret_for(hook_api, auth)
+    broken, fine = (hook_api.post("/jobs", json={**SPEC, "webhook_url": PUBLIC}, headers=auth).json() for _ in "ab")
+    with session_scope() as session:
+        row = session.scalars(update(WebhookDelivery).where(WebhookDelivery.job_id == broken["id"])
+                              .values(job={"id": broken["id"], "spec": {"framework": "nope"}})
+                              .returning(WebhookDelivery)).one()
+        session.commit()
+        claimed = outbox.claim(session, 10, get_settings())
+    assert [c.id for c in claimed] == [d["id"] for d in deliveries(hook_api, auth, fine["id"])]
+    [failed] = deliveries(hook_api, auth, broken["id"])
+    assert failed["id"] == row.id and failed["status"] == "failed" and "could not be rendered" in failed["error"]

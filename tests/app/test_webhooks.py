@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import time
 from datetime import timedelta
 
@@ -310,8 +311,10 @@ def test_the_embedded_database_records_the_same_changes(tmp_path):
     from sqlalchemy import create_engine, delete, select, text, update
     from sqlalchemy.orm import Session
 
+    from app.config import Settings
     from app.db import migrate
     from app.models import ApiKey, Job, WebhookDelivery, new_id
+    from app.webhooks import outbox
 
     url = f"sqlite:///{tmp_path / 'trainhub.db'}"
     migrate(url)
@@ -323,9 +326,9 @@ def test_the_embedded_database_records_the_same_changes(tmp_path):
         session.add_all([key, plain])
         session.flush()
         own = Job(owner_id=plain.id, framework="jax", hardware="cpu", devices=1, epochs=2,
-                  spec={"webhook_url": "https://example.com/own"})
-        default = Job(owner_id=key.id, framework="jax", hardware="cpu", devices=1, epochs=2, spec={})
-        none = Job(owner_id=plain.id, framework="jax", hardware="cpu", devices=1, epochs=2, spec={})
+                  spec={"framework": "jax", "webhook_url": "https://example.com/own"})
+        default = Job(owner_id=key.id, framework="jax", hardware="cpu", devices=1, epochs=2, spec={"framework": "jax"})
+        none = Job(owner_id=plain.id, framework="jax", hardware="cpu", devices=1, epochs=2, spec={"framework": "jax"})
         session.add_all([own, default, none])
         session.commit()
         for job in (own, default, none):
@@ -341,6 +344,11 @@ def test_the_embedded_database_records_the_same_changes(tmp_path):
         ])
         assert {snapshot["status"] for *_, snapshot in found} == {"queued", "running"}
         assert all(len(d.id) == 36 and d.created_at is not None for d in session.scalars(select(WebhookDelivery)))
+        # The dispatcher's claim there: each job's first change only (the second waits its turn).
+        claimed = outbox.claim(session, 10, Settings(database_url=url))
+        assert sorted(json.loads(c.body)["job"]["id"] for c in claimed) == sorted([own.id, default.id])
+        assert {(c.event, json.loads(c.body)["job"]["status"]) for c in claimed} == {("job.queued", "queued")}
+        assert outbox.claim(session, 10, Settings(database_url=url)) == []  # leased
         session.execute(delete(Job).where(Job.id == own.id))
         session.commit()
         assert {j for j, *_ in session.execute(select(WebhookDelivery.job_id))} == {default.id}

@@ -389,6 +389,7 @@ SPEC_OPTIONS = {
     "seed": ("seed",),
     "name": ("name",),
     "priority": ("priority",),
+    "webhook_url": ("webhook_url",),
 }
 
 
@@ -400,6 +401,7 @@ class Priority(StrEnum):
     high = "high"
 
 
+WEBHOOK_HELP = "POST each status change, signed, to this URL (needs `trainhub webhooks secret` first)"
 PRIORITY_HELP = "low, normal (default) or high: its place in the queue; a high job may preempt a running low one"
 # --dataset with this prefix is an uploaded dataset's id (dataset.id), else a built-in name (dataset.name).
 DATASET_ID_PREFIX = "ds_"
@@ -428,6 +430,7 @@ def submit(
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
     priority: Annotated[Optional[Priority], typer.Option(help=PRIORITY_HELP)] = None,
+    webhook_url: Annotated[Optional[str], typer.Option(help=WEBHOOK_HELP)] = None,
     spec_file: Annotated[
         Optional[Path], typer.Option("--spec", help="a JobSpec JSON file; options given with it override its fields")
     ] = None,
@@ -454,6 +457,7 @@ def submit(
         test_limit=test_limit,
         name=name,
         priority=priority.value if priority else None,
+        webhook_url=webhook_url,
     )
     if timeout is not None and not wait:
         fail("--timeout is for --wait: it says how long to watch the job")
@@ -898,6 +902,7 @@ def compare(
     train_limit: Optional[int] = None,
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
+    webhook_url: Annotated[Optional[str], typer.Option(help=WEBHOOK_HELP + ", for both jobs")] = None,
     spec_file: Annotated[
         Optional[Path],
         typer.Option("--spec", help="a spec JSON file (no framework); options given with it override its fields"),
@@ -919,6 +924,7 @@ def compare(
         train_limit=train_limit,
         test_limit=test_limit,
         name=name,
+        webhook_url=webhook_url,
     )
     with client_from_settings() as client:
         comparison = call(client.compare, spec)

@@ -38,8 +38,8 @@ def test_each_status_change_arrives_once_signed_after_the_receiver_was_down(hook
     secret = cli(hooked, key, "webhooks", "secret").strip().splitlines()[-1]
     assert secret.startswith("whsec_")
     with Receiver(down=2) as receiver, hooked.client(key) as client:
-        job = client.submit({"framework": "jax", "dataset": {"name": "digits"}, "epochs": 2, "batch_size": 64,
-                             "webhook_url": receiver.url})
+        job = {"id": cli(hooked, key, "submit", "--dataset", "digits", "--epochs", "2", "--batch-size", "64",
+                         "--webhook-url", receiver.url).strip()}
         done = client.wait(job["id"], timeout_s=240)
         assert done["status"] == "succeeded", done["error"]
         wait_for(lambda: {d["status"] for d in client.deliveries(job["id"])} == {"delivered"}

@@ -399,6 +399,7 @@ SPEC_OPTIONS = {
     "seed": ("seed",),
     "name": ("name",),
     "priority": ("priority",),
+    "webhook_url": ("webhook_url",),
 }
 
 
@@ -410,6 +411,7 @@ class Priority(StrEnum):
     high = "high"
 
 
+WEBHOOK_HELP = "POST each status change, signed, to this URL (needs `trainhub webhooks secret` first)"
 PRIORITY_HELP = "low, normal (default) or high: its place in the queue; a high job may preempt a running low one"
 # --dataset with this prefix is an uploaded dataset's id (dataset.id), else a built-in name (dataset.name).
 DATASET_ID_PREFIX = "ds_"
@@ -438,6 +440,7 @@ def submit(
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
     priority: Annotated[Optional[Priority], typer.Option(help=PRIORITY_HELP)] = None,
+    webhook_url: Annotated[Optional[str], typer.Option(help=WEBHOOK_HELP)] = None,
     spec_file: Annotated[
         Optional[Path], typer.Option("--spec", help="a JobSpec JSON file; options given with it override its fields")
     ] = None,
@@ -464,6 +467,7 @@ def submit(
         test_limit=test_limit,
         name=name,
         priority=priority.value if priority else None,
+        webhook_url=webhook_url,
     )
     if timeout is not None and not wait:
         fail("--timeout is for --wait: it says how long to watch the job")
@@ -908,6 +912,7 @@ def compare(
     train_limit: Optional[int] = None,
     test_limit: Optional[int] = None,
     name: Optional[str] = None,
+    webhook_url: Annotated[Optional[str], typer.Option(help=WEBHOOK_HELP + ", for both jobs")] = None,
     spec_file: Annotated[
         Optional[Path],
         typer.Option("--spec", help="a spec JSON file (no framework); options given with it override its fields"),
@@ -929,6 +934,7 @@ def compare(
         train_limit=train_limit,
         test_limit=test_limit,
         name=name,
+        webhook_url=webhook_url,
     )
     with client_from_settings() as client:
         comparison = call(client.compare, spec)
@@ -1183,10 +1189,11 @@ def _bytes(size: int | None) -> str:
 
 
 # Sweeps and gc have their own modules (they import the helpers above when their commands run).
-from app import cli_gc, cli_sweeps  # noqa: E402
+from app import cli_gc, cli_sweeps, cli_webhooks  # noqa: E402
 
 cli_sweeps.register(cli)
 cli_gc.register(cli)
+cli_webhooks.register(cli)
 
 __all__ = ["cli", "main", "FINISHED"]
 

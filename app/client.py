@@ -240,6 +240,24 @@ class TrainhubClient:
                     raise
                 time.sleep(min(0.25 * 2**failures, 5.0))
 
+    def webhooks(self) -> dict:
+        """GET /webhooks: the key's default webhook URL and signing secret's prefix."""
+        return self._request("GET", "/webhooks")
+
+    def webhook_secret(self) -> dict:
+        """POST /webhooks/secret: a new signing secret ({"secret", "prefix", "created_at"}), shown once."""
+        return self._request("POST", "/webhooks/secret")
+
+    def set_webhook_url(self, url: str | None) -> dict:
+        """POST /webhooks/url (DELETE with None): the key's default webhook URL."""
+        if url is None:
+            return self._request("DELETE", "/webhooks/url")
+        return self._request("POST", "/webhooks/url", json={"url": url})
+
+    def deliveries(self, job_id: str, limit: int = 50) -> builtins.list[dict]:
+        """GET /jobs/{id}/deliveries: the job's webhook deliveries, newest first (one page)."""
+        return self._request("GET", f"/jobs/{_segment(job_id)}/deliveries", params={"limit": limit})["items"]
+
     def workers(self) -> dict:
         """GET /workers: the workers (online or not, what each serves) and the queue depths."""
         return self._request("GET", "/workers")

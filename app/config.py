@@ -111,6 +111,21 @@ class Settings(BaseSettings):
     # most once per retention_interval_s (seconds), one worker at a time.
     retention_days: int | None = Field(None, ge=1, le=hard.MAX_RETENTION_DAYS)
     retention_interval_s: float = Field(3600.0, gt=0)
+    # Webhooks (app/webhooks/): URLs that reach loopback, link-local, private, reserved or
+    # multicast addresses are refused (at submission and again at each delivery) unless this is
+    # set, for a deployment whose receivers live on its own network. Each API process sends the
+    # due deliveries (webhook_dispatch; off: this process sends none), at most
+    # webhook_concurrency at a time, each request given webhook_timeout_s; a failed one is tried
+    # again after webhook_retry_base_s, doubling each time (at most an hour apart), until
+    # webhook_retry_for_s after its status change, when it is marked failed. The outbox is read
+    # every webhook_poll_s (seconds, all of them).
+    webhook_allow_private: bool = False
+    webhook_dispatch: bool = True
+    webhook_concurrency: int = Field(8, ge=1, le=256)
+    webhook_timeout_s: float = Field(10.0, gt=0, le=60)
+    webhook_retry_base_s: float = Field(30.0, gt=0)
+    webhook_retry_for_s: float = Field(24 * 3600.0, gt=0)
+    webhook_poll_s: float = Field(1.0, gt=0)
 
     # Limits (see the docstring); defaults are the hard caps where a spec field has one.
     max_body_bytes: int = Field(256 * 1024, ge=1024)

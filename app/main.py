@@ -24,6 +24,7 @@ from app.api import (
     metrics,
     models,
     sweeps,
+    webhooks,
     workers,
 )
 from app.config import get_settings
@@ -38,12 +39,14 @@ from app.errors import (
 )
 from app.limits import QuotaExceeded, SpecOverLimit
 from app.middleware import RequestLimits, SecurityHeaders
+from app.webhooks import dispatcher
 
 
 @asynccontextmanager
 async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
     migrate()  # apply Alembic migrations on start
-    yield
+    async with dispatcher.running():  # sends the webhooks' due deliveries (app/webhooks/dispatcher.py)
+        yield
 
 
 def create_app() -> FastAPI:
@@ -72,6 +75,7 @@ def create_app() -> FastAPI:
     app.include_router(datasets.router)
     app.include_router(models.router)
     app.include_router(events.router)
+    app.include_router(webhooks.router)
     app.include_router(workers.router)
     app.include_router(metrics.router)
     app.include_router(dashboard.router)

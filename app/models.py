@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     SmallInteger,
     String,
+    Text,
     UniqueConstraint,
     text,
 )
@@ -76,6 +77,11 @@ class ApiKey(Base):
     max_priority: Mapped[str | None] = mapped_column(String(8))
     # A scrape key reads the service-wide /metrics and nothing else (Prometheus' credential).
     scrape_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sql_false())
+    # Webhooks (app/webhooks/): the URL its jobs' status changes go to when a spec names none, and
+    # the secret their deliveries are signed with (kept, as it signs; shown once when made).
+    webhook_url: Mapped[str | None] = mapped_column(String(2048))
+    webhook_secret: Mapped[str | None] = mapped_column(String(100))
+    webhook_secret_created_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Job(Base):
@@ -347,3 +353,39 @@ class DurationBucket(Base):
     bucket: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     n: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     total: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+
+class WebhookDelivery(Base):
+    """One status change of a job, to be POSTed to its webhook: inserted by a database trigger in
+    the transaction that changes the job (migration 0019), with `job` the row's columns as they
+    were then; `body` is rendered at the first attempt and sent again unchanged by each retry.
+    `status`: pending (due at `next_attempt_at`) | delivered | failed (gave up). `seq` numbers a
+    job's changes from 1, the order they are sent in."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    event: Mapped[str] = mapped_column(String(32))  # job.<status>
+    url: Mapped[str] = mapped_column(String(2048))
+    job: Mapped[dict] = mapped_column(JSON)
+    body: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    response_status: Mapped[int | None] = mapped_column(Integer)  # of the last attempt
+    error: Mapped[str | None] = mapped_column(String(500))  # of the last attempt
+
+    __table_args__ = (
+        UniqueConstraint("job_id", "seq", name="uq_webhook_deliveries_job_seq"),
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            postgresql_where=text("status = 'pending'"),
+            sqlite_where=text("status = 'pending'"),
+        ),
+    )

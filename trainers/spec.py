@@ -54,6 +54,7 @@ def _new(default: Any, **kwargs: Any) -> Any:
 
 
 MAX_CONV_LAYERS = 4
+MAX_WEBHOOK_URL_CHARS = 2048
 MAX_LAYERS = 64
 MAX_CHANNELS = 1024
 CONV_KERNEL = 3  # 3x3 convolutions, "same" padding, each followed by a 2x2 max pool
@@ -367,6 +368,12 @@ class TrainingSpec(_Strict):
         None,
         description="Days the finished job (its metrics and artifacts) is kept before it is deleted: at most the "
         "server's TRAINHUB_RETENTION_DAYS. Unset: the server's retention (forever when it has none).",
+    )
+    webhook_url: Annotated[str, Field(min_length=1, max_length=MAX_WEBHOOK_URL_CHARS)] | None = _new(
+        None,
+        description="An http(s) URL the service POSTs the job to, signed, at each of its status changes (the "
+        "key's default webhook when unset). Needs the key's signing secret (POST /webhooks/secret). URLs that "
+        "reach loopback, link-local or private addresses are refused unless the server allows them.",
     )
 
     @model_validator(mode="after")

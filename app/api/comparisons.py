@@ -14,6 +14,7 @@ from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
 from app.models import Comparison as ComparisonRow
 from app.schemas import Comparison, ComparisonSpec
+from app.webhooks import registration
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=responses(401, 404, 413, 503))
 
@@ -34,9 +35,11 @@ def create_comparison(spec: ComparisonSpec, session: SessionDep, user: Submitter
     """Train the spec (no `framework`) once with JAX and once with PyTorch, on the same hardware,
     from the same initial weights and with the same batch order. The two jobs count as two
     against the key's limits (429 when over one); the spec meets this server's limits as in
-    `POST /jobs`."""
+    `POST /jobs`. A `webhook_url` gets the status changes of both jobs (each event names the
+    comparison)."""
     spec = limits.capped_priority(spec, user)
     spec = cast(ComparisonSpec, limits.apply_limits(records.with_dataset(session, user, spec), caller=user))
+    registration.check_spec(session, user, spec)
     comparison = service.create_comparison(session, user, spec)
     return json_response(
         render(session, comparison, user),

@@ -14,6 +14,7 @@ from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
 from app.models import Job as JobRow
 from app.schemas import EpochMetrics, Job, JobPage, JobSpec, JobStatus
+from app.webhooks import registration
 from trainers.spec import Framework, Hardware
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=responses(401, 404, 413, 503))
@@ -40,11 +41,14 @@ def create_job(
 
     This server's limits (epochs, batch size, parameters, max_runtime_s, labels) may be lower
     than the schema's: a spec above one is 422 naming it. A spec without max_runtime_s gets the
-    server's limit. A key with too many jobs queued, or too many submissions in the last minute
+    server's limit. A `webhook_url` must be one this server sends to (422 otherwise) and needs
+    the key's signing secret (POST /webhooks/secret). A key with too many jobs queued, or too
+    many submissions in the last minute
     (jobs created, and submissions refused as invalid: they count too), gets 429 (with
     Retry-After for the latter), before its body is validated."""
     spec = limits.capped_priority(spec, user)
     spec = cast(JobSpec, limits.apply_limits(records.with_dataset(session, user, spec), caller=user))
+    registration.check_spec(session, user, spec)
     try:
         job, position = service.create_job(session, user, spec, idempotency_key)
     except service.IdempotencyConflict:

@@ -30,6 +30,7 @@ FIXED = {
     "dataset.name": "a sweep trains on one dataset",
     "dataset.info": "set by the server",
     "priority": "every trial takes base.priority",
+    "webhook_url": "trials send no webhooks of their own (the key's default webhook gets their changes)",
 }
 REGRESSION_ONLY = ("test_rmse", "test_mae", "test_r2")
 CLASSIFICATION_ONLY = ("train_accuracy", "test_accuracy")
@@ -112,6 +113,17 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
     cap = owner.max_priority
     if cap is not None and "priority" not in base and PRIORITIES.index(cap) < PRIORITIES.index("normal"):
         base["priority"] = cap  # a capped key's trials take its cap (limits.capped_priority)
+    if base.get("webhook_url") is not None:  # a sweep's many trials would each post every change
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ["body", "base", "webhook_url"],
+                    "msg": "a sweep's trials send no webhooks of their own: remove webhook_url from base (the "
+                    "key's default webhook, POST /webhooks/url, gets every job's changes, trials included)",
+                }
+            ]
+        )
     named: list[Any] = list(sweep.frameworks) if sweep.frameworks else [base.get("framework")]  # None: JobSpec says
     try:
         for framework in named:

@@ -515,6 +515,8 @@ class JobSpec(TrainingSpec):
             _check_ddp(self)
         if self.model.user_code and self.devices > 1:
             raise ValueError("devices above 1 is not available for user code yet; use devices 1")
+        if self.model.user_code and self.framework == "jax":
+            raise ValueError("user code for framework jax (a flax module) is not available yet; use framework pytorch")
         if self.devices > 1 and self.compile and self.framework == "pytorch":
             raise ValueError(
                 "compile with devices above 1 is not available for pytorch (DDP runs eager); "

@@ -47,7 +47,8 @@ def describe(exc: BaseException, code_dir: Path) -> dict[str, str]:
     user's files only (paths relative to the code folder), innermost last}."""
     root = str(code_dir.resolve()) + "/"
     frames = [
-        f'  File "{frame.filename[len(root) :]}", line {frame.lineno}, in {frame.name}\n    {(frame.line or "").strip()}'
+        f'  File "{frame.filename[len(root) :]}", line {frame.lineno}, in {frame.name}\n'
+        f"    {(frame.line or '').strip()}"
         for frame in traceback.extract_tb(exc.__traceback__)
         if frame.filename.startswith(root)
     ][-MAX_FRAMES:]

@@ -89,6 +89,7 @@ def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Pat
     limits = sandbox.Limits(settings.user_code_memory_bytes, settings.user_code_file_bytes, cpu_s=cpu_s)
     extra = [p for p in (settings.data_dir,) if p is not None and p.exists()]
     readable = sandbox.readable_roots(extra)
+    log.info("job %s: user code runs in a child with %s", job_id, sandbox.available())
     read_end, write_end = os.pipe()
     request = {
         "fd": write_end,

@@ -202,8 +202,11 @@ def test_jobs_name_the_keys_code_and_an_entrypoint_of_the_right_framework(api, c
         error = response.json()["detail"][0]
         return error["loc"], error["msg"]
 
+    flax = post_code(api, owner, unique(FLAX_MODEL).encode(), filename="flaxmodel.py").json()
+    loc, msg = refusal({**job, "model": {"code": flax["id"], "entrypoint": "flaxmodel:build"}})
+    assert loc == ["body", "model", "entrypoint"] and "builds a jax model" in msg
     loc, msg = refusal({**job, "framework": "jax"})
-    assert loc == ["body", "model", "entrypoint"] and "builds a pytorch model" in msg
+    assert "not available yet" in msg
     loc, msg = refusal({**job, "model": {**model, "entrypoint": "model:nothing"}})
     assert loc == ["body", "model", "entrypoint"] and "model:build" in msg
     loc, msg = refusal(job, other)

@@ -229,6 +229,10 @@ def keys_create(
     scrape: Annotated[
         bool, typer.Option("--scrape", help="reads the service-wide /metrics and nothing else (for Prometheus)")
     ] = False,
+    allow_code: Annotated[
+        bool,
+        typer.Option("--allow-code", help="may upload and train its own model code (if TRAINHUB_ALLOW_USER_CODE)"),
+    ] = False,
 ) -> None:
     """Create an API key; the secret is printed once, on the last line of stdout (only its
     sha256 is stored)."""
@@ -241,7 +245,12 @@ def keys_create(
     open_database(init, var_dir)
     with session_scope() as session:
         key, secret = create_key(
-            session, name, admin=admin, max_priority=max_priority.value if max_priority else None, scrape_only=scrape
+            session,
+            name,
+            admin=admin,
+            max_priority=max_priority.value if max_priority else None,
+            scrape_only=scrape,
+            allow_code=allow_code,
         )
     kind = "admin key" if admin else "scrape key" if scrape else "key"
     console.print(
@@ -271,6 +280,7 @@ def keys_list(
                 "admin": k.is_admin,
                 "scrape": k.scrape_only,
                 "max_priority": k.max_priority,
+                "allow_code": k.allow_code,
                 "created_at": rfc3339(k.created_at),
                 "revoked_at": rfc3339(k.revoked_at) if k.revoked_at else None,
             }
@@ -280,7 +290,7 @@ def keys_list(
         print(json.dumps(rows, indent=2))
         return
     table = Table(title="API keys")
-    for column in ("id", "prefix", "name", "kind", "max priority", "created", "revoked"):
+    for column in ("id", "prefix", "name", "kind", "max priority", "code", "created", "revoked"):
         table.add_column(column)
     for row in rows:
         table.add_row(
@@ -289,6 +299,7 @@ def keys_list(
             escape(str(row["name"])),
             "admin" if row["admin"] else "scrape" if row["scrape"] else "",
             str(row["max_priority"] or ""),
+            "allowed" if row["allow_code"] else "",
             str(row["created_at"])[:19],
             str(row["revoked_at"] or "")[:19],
         )
@@ -318,6 +329,34 @@ def keys_cap(
             fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
         cap = f"capped at priority {capped.max_priority}" if capped.max_priority else "no longer capped"
         console.print(f"key {capped.prefix}… named {escape(repr(capped.name))} is {cap}")
+
+
+@keys_cli.command("code")
+def keys_code(
+    key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")],
+    allow: Annotated[
+        bool,
+        typer.Option("--allow/--revoke", help="grant the right to upload and train model code, or take it back"),
+    ],
+    var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
+) -> None:
+    """Grant (--allow) or take back (--revoke) a key's right to upload and train its own model code,
+    from its next request on (the deployment must allow user code: TRAINHUB_ALLOW_USER_CODE=1).
+    Jobs already queued keep running."""
+    from app.db import session_scope
+    from app.keys import AmbiguousKey
+    from app.keys import allow_code as set_allow_code
+
+    open_database(var_dir=var_dir)
+    with session_scope() as session:
+        try:
+            changed = set_allow_code(session, key.removesuffix("…"), allow)
+        except AmbiguousKey:
+            fail(f"{key!r} names more than one key; use the id from `trainhub keys list`")
+        if changed is None:
+            fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
+        verb = "may now" if allow else "may no longer"
+        console.print(f"key {changed.prefix}… named {escape(repr(changed.name))} {verb} upload and train model code")
 
 
 @keys_cli.command("revoke")

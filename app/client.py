@@ -268,6 +268,28 @@ class TrainhubClient:
         _raise_for_status(response)
         return response.text
 
+    def upload_code(self, path: Path, *, name: str | None = None, entrypoints: Iterable[str] = ()) -> dict:
+        """POST /code: the .py file or .zip at `path` as the body; `entrypoints` (module:function)
+        that must be in it. The code's record (201 new, 200 when this key uploaded the same before)."""
+        params: list[tuple[str, str]] = [("filename", Path(path).name), *(("entrypoint", e) for e in entrypoints)]
+        if name:
+            params.append(("name", name))
+        return self._request(
+            "POST",
+            "/code",
+            params=params,
+            content=Path(path).read_bytes(),
+            headers={"Content-Type": "application/octet-stream"},
+        )
+
+    def code(self) -> builtins.list[dict]:
+        """GET /code: the key's uploaded code, newest first."""
+        return self._request("GET", "/code")["items"]
+
+    def delete_code(self, code_id: str) -> None:
+        response = self.http.delete(f"/code/{_segment(code_id)}")
+        _raise_for_status(response)
+
     def upload_dataset(
         self,
         path: Path,

@@ -160,6 +160,17 @@ class Settings(BaseSettings):
     max_dataset_unpacked_bytes: int = Field(4 * 1024**3, ge=1024)
     max_dataset_files: int = Field(100_000, ge=1)
     max_image_pixels: int = Field(4096 * 4096, ge=1)
+    # User model code (app/code/): off unless the deployment turns it on (and the key is allowed:
+    # `trainhub keys create --allow-code`). Limits of an upload (413 past them): its bytes, its
+    # files, each file's bytes, all files' unpacked bytes, a zip member's compression ratio.
+    allow_user_code: bool = False
+    max_code_bytes: int = Field(1024**2, ge=1024)
+    max_code_files: int = Field(64, ge=1)
+    max_code_file_bytes: int = Field(256 * 1024, ge=1024)
+    max_code_unpacked_bytes: int = Field(4 * 1024**2, ge=1024)
+    # A user-code job's child process: its address space (bytes) and the largest file it may write.
+    user_code_memory_bytes: int = Field(8 * 1024**3, ge=64 * 1024**2)
+    user_code_file_bytes: int = Field(1024**3, ge=1024**2)
     # Where the API spools uploads while it validates them (default <var_dir>/uploads).
     upload_dir: Path | None = None
     # Each worker host's cache of uploaded datasets, by sha256, least recently used evicted past

@@ -47,6 +47,7 @@ class Message(BaseModel):
 _DESCRIPTIONS = {
     400: "The request body is malformed (e.g. a multipart body without exactly one file part).",
     401: "No API key, or one that is malformed, unknown or revoked.",
+    403: "The key may not do this here (e.g. user code, off unless the deployment and the key allow it).",
     404: "No such resource visible to this key (another key's resource is 404 too, never 403).",
     409: "The request conflicts with the resource's state.",
     413: "The request body is larger than this server's limit (TRAINHUB_MAX_BODY_BYTES; uploads: "

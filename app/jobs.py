@@ -86,6 +86,7 @@ def new_job(owner: Caller, spec: JobSpec, idempotency_key: str | None = None) ->
         spec=spec.model_dump(mode="json"),
         epochs=spec.epochs,
         dataset_id=spec.dataset.id,
+        code_id=spec.model.code,
         priority=PRIORITIES.index(spec.priority),
         idempotency_key=idempotency_key,
         created_at=utcnow(),

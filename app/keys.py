@@ -21,12 +21,18 @@ def hash_key(secret: str) -> str:
 
 
 def create_key(
-    session: Session, name: str, admin: bool = False, max_priority: str | None = None, scrape_only: bool = False
+    session: Session,
+    name: str,
+    admin: bool = False,
+    max_priority: str | None = None,
+    scrape_only: bool = False,
+    allow_code: bool = False,
 ) -> tuple[ApiKey, str]:
     """Store a new key named `name`; return its row and the secret (the only time it is seen).
     An `admin` key sees every job and worker; a user key only its own jobs; a `scrape_only` key
     reads the service-wide /metrics and nothing else. `max_priority` caps the priority of the
-    key's jobs (None: any)."""
+    key's jobs (None: any). An `allow_code` key may upload and train its own model code (where
+    the deployment allows user code)."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
         name=name,
@@ -35,6 +41,7 @@ def create_key(
         is_admin=admin,
         max_priority=max_priority,
         scrape_only=scrape_only,
+        allow_code=allow_code,
     )
     session.add(key)
     session.commit()
@@ -53,13 +60,15 @@ class Caller:
     max_priority: str | None = None
     # A scrape key reads the service-wide GET /metrics and nothing else (keys create --scrape).
     scrape_only: bool = False
+    # May upload and train its own model code (keys create --allow-code, keys code).
+    allow_code: bool = False
 
 
 # Built once: every request with a key runs it. Columns, not an ApiKey entity: a third of the cost.
 _keys = ApiKey.__table__.c
-_LIVE_BY_HASH = select(_keys.id, _keys.is_admin, _keys.key_hash, _keys.max_priority, _keys.scrape_only).where(
-    _keys.key_hash == bindparam("digest"), _keys.revoked_at.is_(None)
-)
+_LIVE_BY_HASH = select(
+    _keys.id, _keys.is_admin, _keys.key_hash, _keys.max_priority, _keys.scrape_only, _keys.allow_code
+).where(_keys.key_hash == bindparam("digest"), _keys.revoked_at.is_(None))
 
 
 def find_key(session: Session, secret: str) -> Caller | None:
@@ -73,7 +82,13 @@ def find_key(session: Session, secret: str) -> Caller | None:
     row = session.execute(_LIVE_BY_HASH, {"digest": digest}).first()
     if row is None or not hmac.compare_digest(row.key_hash, digest):
         return None
-    return Caller(id=row.id, is_admin=row.is_admin, max_priority=row.max_priority, scrape_only=row.scrape_only)
+    return Caller(
+        id=row.id,
+        is_admin=row.is_admin,
+        max_priority=row.max_priority,
+        scrape_only=row.scrape_only,
+        allow_code=row.allow_code,
+    )
 
 
 class AmbiguousKey(Exception):
@@ -100,6 +115,17 @@ def cap_key(session: Session, ident: str, max_priority: str | None) -> ApiKey | 
     key = find_by_ident(session, ident)
     if key is not None:
         key.max_priority = max_priority
+        session.commit()
+    return key
+
+
+def allow_code(session: Session, ident: str, allowed: bool) -> ApiKey | None:
+    """Grant (`allowed`) or take back the key `ident` names (find_by_ident) the right to upload and
+    train its own model code, from its next request on; None when no key matches. Jobs already
+    queued keep running."""
+    key = find_by_ident(session, ident)
+    if key is not None:
+        key.allow_code = allowed
         session.commit()
     return key
 

@@ -125,7 +125,8 @@ def check_spec(spec: TrainingSpec, settings: Settings | None = None, caller: Cal
                 s.max_batch_size,
             )
         )
-    if (count := parameter_count(spec)) > s.max_parameters:
+    # User code: its parameters and memory are known only once built (the child's RLIMIT_AS caps it).
+    if not spec.model.user_code and (count := parameter_count(spec)) > s.max_parameters:
         errors.append(
             _limit(
                 "model.hidden_sizes",
@@ -145,7 +146,7 @@ def check_spec(spec: TrainingSpec, settings: Settings | None = None, caller: Cal
                     s.max_examples,
                 )
             )
-    memory = memory_estimate(spec)
+    memory = {"total": 0} if spec.model.user_code else memory_estimate(spec)
     if memory["total"] > s.max_job_memory_bytes:
         parts = ", ".join(f"{name} {_gib(size)}" for name, size in memory.items() if name != "total")
         errors.append(

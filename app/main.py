@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api import (
     artifacts,
+    code,
     comparisons,
     dashboard,
     datasets,
@@ -73,6 +74,7 @@ def create_app() -> FastAPI:
     app.include_router(comparisons.router)
     app.include_router(sweeps.router)
     app.include_router(datasets.router)
+    app.include_router(code.router)
     app.include_router(models.router)
     app.include_router(events.router)
     app.include_router(webhooks.router)

@@ -81,8 +81,9 @@ def _body_error(message: str, kind: str) -> JSONResponse:
 
 
 def is_upload(scope: Mapping[str, Any]) -> bool:
-    """Whether the request is a dataset upload (POST /datasets), whose body is streamed, not read here."""
-    return scope["method"] == "POST" and scope["path"].rstrip("/") == "/datasets"
+    """Whether the request is an upload (POST /datasets, POST /code), whose body is streamed to disk
+    by its route under its own limit, not read here."""
+    return scope["method"] == "POST" and scope["path"].rstrip("/") in ("/datasets", "/code")
 
 
 class RequestLimits:

@@ -82,6 +82,9 @@ class ApiKey(Base):
     webhook_url: Mapped[str | None] = mapped_column(String(2048))
     webhook_secret: Mapped[str | None] = mapped_column(String(100))
     webhook_secret_created_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # May upload model code and run jobs with it (keys create --allow-code, keys code); the
+    # deployment must allow user code too (TRAINHUB_ALLOW_USER_CODE).
+    allow_code: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sql_false())
 
 
 class Job(Base):
@@ -118,6 +121,8 @@ class Job(Base):
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The uploaded dataset it trains on (spec.dataset.id): deleting one waits for its active jobs.
     dataset_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    # The uploaded model code it trains (spec.model.code): deleting it waits for its active jobs.
+    code_id: Mapped[str | None] = mapped_column(String(40), index=True)
     # spec.retention_days (days kept after it ends; null: the server's), copied from the spec at
     # insert by whoever writes the row, so retention finds such jobs by index (0016).
     retention_days: Mapped[int | None] = mapped_column(Integer, default=_spec_retention_days)
@@ -273,6 +278,30 @@ class Dataset(Base):
     __table_args__ = (
         UniqueConstraint("owner_id", "sha256", name="uq_datasets_owner_sha256"),
         Index("ix_datasets_owner_id_created_at", "owner_id", "created_at"),
+    )
+
+
+class CodeUpload(Base):
+    """Uploaded model code (app/code/): its record; the files lie in the artifact store at
+    `location` as one JSON object {name: text}, named by its sha256 (shared by every key that
+    uploads the same). `entrypoints` maps "module:function" to the framework the function
+    builds for, as far as its source says ("pytorch", "jax" or null: unknown)."""
+
+    __tablename__ = "code_uploads"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # code_ and 32 hex digits
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    files: Mapped[list] = mapped_column(JSON)  # [{"name", "size_bytes"}]
+    entrypoints: Mapped[dict] = mapped_column(JSON)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    location: Mapped[str] = mapped_column(String(1000))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("owner_id", "sha256", name="uq_code_uploads_owner_sha256"),
+        Index("ix_code_uploads_owner_id_created_at", "owner_id", "created_at"),
     )
 
 

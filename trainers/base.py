@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from trainers.spec import JobSpec
+from trainers.user_code import UserModel
 
 
 @dataclass
@@ -147,11 +148,14 @@ class RunOptions:
     compile_cache_dir: JAX's persistent compilation cache, shared by a host's workers (None: none).
     dataset_file: an uploaded dataset the spec names by id, in trainers.dataset_file's form,
     fetched (and its sha256 checked) by the caller.
+    user_model: a spec with user code (model.code): its loaded entrypoint (trainers.user_code),
+    given only inside the job's child process.
     """
 
     data_dir: Path | None = None
     compile_cache_dir: Path | None = None
     dataset_file: Path | None = None
+    user_model: UserModel | None = None
 
 
 Report = Callable[[int, EpochMetrics], None]

@@ -306,13 +306,19 @@ def write_common_artifacts(
     """
     check_finite_weights(weights, metrics[-1].epoch if metrics else 0)
     workdir = Path(workdir)
-    # The plan's order, so the file lists the tensors alike whichever framework wrote it.
-    order = {name: i for i, name in enumerate(model_plan(spec).param_shapes())}
+    # The plan's order, so the file lists the tensors alike whichever framework wrote it (user
+    # code has no plan: its module's own order).
+    user_code = spec.model.user_code
+    order = {} if user_code else {name: i for i, name in enumerate(model_plan(spec).param_shapes())}
     ordered = sorted(weights.items(), key=lambda item: order.get(item[0], len(order)))
     tensors = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in ordered}
     # "format": "pt" tells safetensors-aware loaders that the names follow PyTorch's layout; the
     # model's layer list and input shape let the loaders build it from the file alone.
-    metadata = {"format": "pt", "framework": spec.framework, MODEL_METADATA: model_metadata(spec)}
+    metadata = {"format": "pt", "framework": spec.framework}
+    if user_code:  # no layer list: the code's id and entrypoint say what builds it
+        metadata["trainhub_user_code"] = json.dumps({"code": spec.model.code, "entrypoint": spec.model.entrypoint})
+    else:
+        metadata[MODEL_METADATA] = model_metadata(spec)
     save_file(tensors, workdir / WEIGHTS_FILE, metadata=metadata)
     (workdir / METRICS_FILE).write_text(json.dumps([m.to_dict() for m in metrics], indent=2, allow_nan=False))
     (workdir / SPEC_FILE).write_text(spec.model_dump_json(indent=2))

@@ -18,7 +18,10 @@ _LAYERS: TypeAdapter[list[Layer]] = TypeAdapter(list[Layer])
 
 
 def layers_of(model: ModelSpec, outputs: int) -> list[Layer]:
-    """The layer list `model` describes, ending in `outputs` units: its own `layers`, or its preset's."""
+    """The layer list `model` describes, ending in `outputs` units: its own `layers`, or its preset's.
+    Raises ValueError for user code, which has no layer list."""
+    if model.code is not None:
+        raise ValueError("a model of user code has no layer list: its shapes are known once it is built")
     if model.layers is not None:
         return list(model.layers)
     return _LAYERS.validate_python(expand(model.name or "mlp", outputs, _knobs(model)))

@@ -9,6 +9,7 @@ batch size 128, 10 epochs, seed 0.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, replace
@@ -60,8 +61,25 @@ MAX_CHANNELS = 1024
 CONV_KERNEL = 3  # 3x3 convolutions, "same" padding, each followed by a 2x2 max pool
 
 
+CODE_ID_PATTERN = r"^code_[0-9a-f]{32}$"
+ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+MAX_KWARGS_BYTES = 4096  # of the kwargs as JSON
+MAX_KWARGS_DEPTH = 4
+
+
+def _json_depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_json_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_json_depth, value), default=0)
+    return 0
+
+
 class ModelSpec(_Strict):
-    """A preset by `name`, or your own `layers` (trainers/layers.py: dense, conv2d, pools,
+    """A preset by `name`, your own `layers`, or your own code (`code`, `entrypoint`, `kwargs`: see
+    POST /code) built by `entrypoint(input_shape, num_classes, **kwargs)` and trained by our loop.
+
+    A preset or your own `layers` (trainers/layers.py: dense, conv2d, pools,
     flatten, dropout, batch_norm, layer_norm, activations, residual), built the same by both
     trainers. The presets are layer lists too (GET /models/presets shows them expanded):
 
@@ -94,10 +112,23 @@ class ModelSpec(_Strict):
     layers: Annotated[list[Layer], Field(min_length=1, max_length=MAX_LAYERS)] | None = _new(
         None, description="Your own model, layer by layer (leave name out); the last layer gives the outputs."
     )
+    code: Annotated[str, Field(pattern=CODE_ID_PATTERN)] | None = _new(
+        None, description="Uploaded model code (GET /code); with entrypoint, and leave name out."
+    )
+    entrypoint: Annotated[str, Field(pattern=ENTRYPOINT_PATTERN, max_length=200)] | None = _new(
+        None, description="module:function of the code that returns the model (a torch.nn.Module, a flax module)."
+    )
+    kwargs: dict[Annotated[str, Field(max_length=100)], Any] | None = _new(
+        None, description="JSON keyword arguments for the entrypoint (at most 4 KiB, nested at most 4 deep)."
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _layers_or_name(cls, value: object) -> object:
+        if isinstance(value, dict) and value.get("code") is not None:
+            if value.get("name") is not None or value.get("layers") is not None:
+                raise ValueError("give a preset's name, your own layers or your own code, not two of them")
+            value = {**value, "name": None}
         if isinstance(value, dict) and value.get("layers") is not None:
             if value.get("name") is not None:
                 raise ValueError("give a preset's name or your own layers, not both")
@@ -106,7 +137,9 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _knobs_fit_the_model(self) -> ModelSpec:
-        if self.name is None and self.layers is None:
+        if self.code is not None or self.entrypoint is not None or self.kwargs is not None:
+            self._check_user_code()
+        if self.name is None and self.layers is None and self.code is None:
             raise ValueError("give a preset's name (mlp, cnn, lenet5, resnet8) or your own layers")
         knobs = [k for k in ("hidden_sizes", "dropout", "batch_norm", "channels") if k in self.model_fields_set]
         if self.name == "mlp" and "channels" in knobs:
@@ -117,6 +150,26 @@ class ModelSpec(_Strict):
             raise ValueError(f"{', '.join(knobs)} {verb} for presets mlp and cnn, not {owner}; remove them")
         return self
 
+    def _check_user_code(self) -> None:
+        if self.code is None or self.entrypoint is None:
+            raise ValueError("user code needs both code (an id from GET /code) and entrypoint (module:function)")
+        knobs = [k for k in ("hidden_sizes", "dropout", "batch_norm", "channels") if k in self.model_fields_set]
+        if knobs:
+            raise ValueError(f"{', '.join(knobs)} are for presets mlp and cnn; pass them to your code in kwargs")
+        try:
+            size = len(json.dumps(self.kwargs or {}, allow_nan=False))
+        except (TypeError, ValueError):
+            raise ValueError("kwargs must be JSON values (no NaN or infinity)") from None
+        if size > MAX_KWARGS_BYTES:
+            raise ValueError(f"kwargs is {size:,} bytes of JSON, over the limit of {MAX_KWARGS_BYTES:,}")
+        if _json_depth(self.kwargs or {}) > MAX_KWARGS_DEPTH:
+            raise ValueError(f"kwargs is nested deeper than {MAX_KWARGS_DEPTH} levels")
+
+    @property
+    def user_code(self) -> bool:
+        """Whether the model is the user's own code (no layer list: its shapes are known only once built)."""
+        return self.code is not None
+
     @property
     def knobbed(self) -> bool:
         """Whether the model is a preset with knobs (mlp, cnn): messages name the knob, not a layer."""
@@ -126,10 +179,10 @@ class ModelSpec(_Strict):
     def _only_what_applies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # A layer list is the whole model: the presets' knobs (and their defaults) would only mislead.
         data = handler(self)
-        if self.layers is not None or self.name in ("lenet5", "resnet8"):
+        if self.layers is not None or self.code is not None or self.name in ("lenet5", "resnet8"):
             for knob in ("hidden_sizes", "dropout", "channels", "batch_norm"):
                 data.pop(knob, None)
-            if self.layers is not None:
+            if self.layers is not None or self.code is not None:
                 data.pop("name", None)
         return data
 
@@ -379,8 +432,8 @@ class TrainingSpec(_Strict):
     @model_validator(mode="after")
     def _model_fits(self) -> TrainingSpec:
         shape = data_shape(self.dataset)
-        if shape is None:
-            return self
+        if shape is None or self.model.user_code:
+            return self  # user code: its parameters are known once it is built (in the worker)
         name = self.model.name
         if name in ("cnn", "lenet5", "resnet8") and len(shape.input_shape) != 3:
             raise ValueError(
@@ -472,6 +525,10 @@ class JobSpec(TrainingSpec):
             )
         if self.framework == "pytorch":
             _check_ddp(self)
+        if self.model.user_code and self.devices > 1:
+            raise ValueError("devices above 1 is not available for user code yet; use devices 1")
+        if self.model.user_code and self.framework == "jax":
+            raise ValueError("user code for framework jax (a flax module) is not available yet; use framework pytorch")
         if self.devices > 1 and self.compile and self.framework == "pytorch":
             raise ValueError(
                 "compile with devices above 1 is not available for pytorch (DDP runs eager); "
@@ -541,6 +598,10 @@ class ComparisonSpec(TrainingSpec):
 
     @model_validator(mode="after")
     def _pytorch_can_run_it(self) -> ComparisonSpec:
+        if self.model.user_code:
+            raise ValueError(
+                "comparisons of user code are not available yet: submit a jax and a pytorch job (POST /jobs)"
+            )
         _check_ddp(self)
         return self
 
@@ -570,7 +631,10 @@ def model_dropout(model: ModelSpec) -> float:
 
 
 def uses_batch_norm(model: ModelSpec) -> bool:
-    """Whether any layer of the model is a batch norm (mixing the examples of a batch)."""
+    """Whether any layer of the model is a batch norm (mixing the examples of a batch); False for
+    user code (its source says nothing the spec can check)."""
+    if model.user_code:
+        return False
     return any(op.type == "batch_norm" for op in all_layers(layers_of(model, 1)))
 
 

@@ -196,16 +196,21 @@ class Run:
     task: str = "classification"
     target_variance: float = 0.0  # of the test targets (regression's R^2)
     preprocessing: Preprocessing | None = None
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # user code's loss(logits, y)
 
 
 def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run:
     """The data on the device, the model with its initial weights, the optimizer and scheduler."""
     device = world.device
     data = load_dataset(spec.dataset, options.data_dir, options.dataset_file)
-    # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
-    weights = init_weights(spec.model, data.input_shape, data.outputs, spec.seed)
-    layers = layers_of(spec.model, data.outputs)
-    model = world.prepare(from_weights(weights, input_shape=data.input_shape, layers=layers).to(device))
+    if options.user_model is not None:  # user code: its own module, torch's initialisation from the seed
+        torch.manual_seed(spec.seed)
+        model = world.prepare(options.user_model.build(tuple(data.input_shape), data.outputs).to(device))
+    else:
+        # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
+        weights = init_weights(spec.model, data.input_shape, data.outputs, spec.seed)
+        layers = layers_of(spec.model, data.outputs)
+        model = world.prepare(from_weights(weights, input_shape=data.input_shape, layers=layers).to(device))
     steps = len(data.x_train) // spec.batch_size
     optimizer, scheduler = make_optimizer(spec, model, device, steps)
     return Run(
@@ -226,6 +231,7 @@ def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run
         task=data.task,
         target_variance=target_variance(data.y_test),
         preprocessing=Preprocessing.of(data),
+        loss=options.user_model.loss if options.user_model is not None else None,
     )
 
 
@@ -269,7 +275,7 @@ def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: On
             task=run.task,
         )
     else:
-        gradients = partial(_gradients, forward, run.autocast, run.task)
+        gradients = partial(_gradients, forward, run.autocast, run.task, loss_fn=run.loss)
     clip_norm = spec.optimizer.clip_norm
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,12 +292,18 @@ def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: On
 
 
 def _gradients(
-    forward: torch.nn.Module, autocast: Callable[[], ContextManager], task: str, x: torch.Tensor, y: torch.Tensor
+    forward: torch.nn.Module,
+    autocast: Callable[[], ContextManager],
+    task: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mini-batch's mean loss (task_loss), backpropagated into each parameter's .grad; (loss, logits)."""
+    """The mini-batch's mean loss (task_loss, or user code's `loss_fn(logits, y)`), backpropagated
+    into each parameter's .grad; (loss, logits)."""
     with autocast():
         logits = forward(x)
-        loss = task_loss(logits, y, task)
+        loss = task_loss(logits, y, task) if loss_fn is None else loss_fn(logits, y)
     loss.backward()
     return loss, logits
 

@@ -31,7 +31,7 @@ from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
 from app.sweeps import service as sweeps
 from trainers.spec import PRIORITIES, JobSpec
-from workers import comparisons, dataset_cache
+from workers import comparisons, dataset_cache, user_code
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ USER_ERRORS = {
     "DatasetCorrupt": "dataset_corrupt",
     "HardwareMismatch": "hardware_mismatch",
     "NanLoss": "nan_loss",
+    "UserCodeFailed": "user_code_error",  # workers/user_code.py: the user's exception and frames
 }
 
 
@@ -135,7 +136,14 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict, serves:
             scheduling.Running(job_id, PRIORITIES.index(spec.priority), claimed_at), spec.hardware, serves
         )
     dataset_file, data_timings = dataset_cache.fetch_for(spec)
-    result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop, run_options(dataset_file))
+    if spec.model.user_code:  # in a sandboxed child process; logs.txt is kept even when it fails
+        try:
+            result = user_code.fit(job_id, spec, workdir, hooks, dataset_file)
+        except BaseException:
+            retrying(lambda: store_artifacts(job_id, workdir, [user_code.LOG_FILE]))
+            raise
+    else:
+        result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop, run_options(dataset_file))
     retrying(lambda: store_artifacts(job_id, workdir, result.artifacts))
     timings = {
         "queue_wait_s": _seconds(created_at, claimed_at),

@@ -9,6 +9,8 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from app import jobs as service
 from app import limits, rendering
 from app.api import json_response
+from app.code import records as code_records
+from app.config import get_settings
 from app.datasets import records
 from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
@@ -47,6 +49,7 @@ def create_job(
     (jobs created, and submissions refused as invalid: they count too), gets 429 (with
     Retry-After for the latter), before its body is validated."""
     spec = limits.capped_priority(spec, user)
+    code_records.check_job(session, user, spec, spec.framework, get_settings())
     spec = cast(JobSpec, limits.apply_limits(records.with_dataset(session, user, spec), caller=user))
     registration.check_spec(session, user, spec)
     try:

@@ -128,6 +128,16 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
     try:
         for framework in named:
             job = records.with_dataset(session, owner, JobSpec.model_validate({**base, "framework": framework}))
+            if job.model.user_code:  # its trials would need the code's checks (app/code/records.check_job)
+                raise RequestValidationError(
+                    [
+                        {
+                            "type": "value_error",
+                            "loc": ["body", "base", "model", "code"],
+                            "msg": "sweeps of user code are not available yet: submit its jobs one by one",
+                        }
+                    ]
+                )
             limits.check_spec(job, caller=owner)
     except ValidationError as exc:
         raise RequestValidationError(

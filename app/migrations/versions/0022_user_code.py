@@ -1,8 +1,11 @@
-"""user code (placeholder: filled by the work of this change)
+"""user code: uploaded model code, jobs that train it, keys allowed to run it
 
 Revision ID: 0022
 Revises: 0021
 """
+
+import sqlalchemy as sa
+from alembic import op
 
 revision = "0022"
 down_revision = "0021"
@@ -11,8 +14,34 @@ depends_on = None
 
 
 def upgrade() -> None:
-    pass
+    with op.batch_alter_table("api_keys", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("allow_code", sa.Boolean(), nullable=False, server_default=sa.false()))
+    op.create_table(
+        "code_uploads",
+        sa.Column("id", sa.String(40), primary_key=True),
+        sa.Column("owner_id", sa.String(36), sa.ForeignKey("api_keys.id"), nullable=False),
+        sa.Column("name", sa.String(200), nullable=False),
+        sa.Column("files", sa.JSON(), nullable=False),
+        sa.Column("entrypoints", sa.JSON(), nullable=False),
+        sa.Column("bytes", sa.BigInteger(), nullable=False),
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("location", sa.String(1000), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.UniqueConstraint("owner_id", "sha256", name="uq_code_uploads_owner_sha256"),
+    )
+    op.create_index("ix_code_uploads_sha256", "code_uploads", ["sha256"])
+    op.create_index("ix_code_uploads_owner_id_created_at", "code_uploads", ["owner_id", "created_at"])
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("code_id", sa.String(40), nullable=True))
+        batch_op.create_index("ix_jobs_code_id", ["code_id"])
 
 
 def downgrade() -> None:
-    pass
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_index("ix_jobs_code_id")
+        batch_op.drop_column("code_id")
+    op.drop_index("ix_code_uploads_owner_id_created_at", "code_uploads")
+    op.drop_index("ix_code_uploads_sha256", "code_uploads")
+    op.drop_table("code_uploads")
+    with op.batch_alter_table("api_keys", schema=None) as batch_op:
+        batch_op.drop_column("allow_code")

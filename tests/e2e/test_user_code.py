@@ -1,0 +1,169 @@
+"""Users' own model code through the whole service: a torch module uploaded and trained on digits by
+our loop in a sandboxed child process, and hostile code (reading the environment, another job's
+files, the database port, too much memory, a huge file, a sleep past max_runtime_s) contained
+with a clear error type while the worker keeps serving."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.e2e.conftest import running_service
+
+MODEL = textwrap.dedent('''
+    import math
+    import os
+
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self, features, classes, hidden):
+            super().__init__()
+            self.hidden = nn.Linear(features, hidden)
+            self.out = nn.Linear(hidden, classes)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.hidden(x.flatten(1))))
+
+
+    def build(input_shape, num_classes, hidden=64):
+        print("building with", sorted(os.environ))
+        return Net(math.prod(input_shape), num_classes, hidden)
+
+
+    def loss(logits, targets):
+        return nn.functional.cross_entropy(logits, targets, label_smoothing=0.0)
+''')
+
+HOSTILE = textwrap.dedent('''
+    import os
+    import socket
+    import time
+
+    import torch
+
+
+    def environment(input_shape, num_classes):
+        found = {k: v for k, v in os.environ.items() if "TRAINHUB" in k or "postgres" in v or "redis" in v}
+        raise LookupError(f"found {found}")
+
+
+    def other_job(input_shape, num_classes, path):
+        with open(path, "rb") as f:
+            f.read(10)
+
+
+    def database(input_shape, num_classes):
+        socket.create_connection(("127.0.0.1", 5432), timeout=5)
+
+
+    def memory(input_shape, num_classes):
+        hog = bytearray(64 << 30)
+        return hog
+
+
+    def huge_file(input_shape, num_classes):
+        with open("huge.bin", "wb") as f:
+            for _ in range(1024):
+                f.write(b"0" * (1 << 20))
+
+
+    def sleeper(input_shape, num_classes):
+        time.sleep(600)
+''')
+
+
+@pytest.fixture(scope="module")
+def code_service(database_url, redis_url, tmp_path_factory):
+    redis.Redis.from_url(redis_url).flushdb()
+    with running_service(
+        database_url,
+        redis_url,
+        tmp_path_factory.mktemp("usercode"),
+        allow_user_code="1",
+        user_code_file_bytes=str(64 * 1024**2),
+    ) as svc:
+        yield svc
+
+
+def code_client(service):
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "keys", "create", "--name", "coder", "--allow-code"],
+        env=service.env, capture_output=True, text=True, check=True,
+    ).stdout
+    return service.client(out.strip().splitlines()[-1])
+
+
+def upload(client, tmp_path: Path, name: str, source: str) -> dict:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source + f"\n# {uuid.uuid4().hex}\n")
+    return client.upload_code(path)
+
+
+def job(code: dict, entrypoint: str, **extra) -> dict:
+    model = {"code": code["id"], "entrypoint": entrypoint, **({"kwargs": extra.pop("kwargs")} if "kwargs" in extra else {})}
+    return {"framework": "pytorch", "dataset": {"name": "digits"}, "batch_size": 64, "epochs": 3, "model": model,
+            "optimizer": {"name": "adam", "learning_rate": 0.01}, **extra}
+
+
+def test_a_torch_module_trains_on_digits_and_hostile_code_is_contained(code_service, tmp_path):
+    with code_client(code_service) as client:
+        code = upload(client, tmp_path, "mlp", MODEL)
+        assert code["entrypoints"]["mlp:build"] == "pytorch"
+        trained = client.wait(client.submit(job(code, "mlp:build", kwargs={"hidden": 32}))["id"], timeout_s=400)
+        assert trained["status"] == "succeeded", trained["error"]
+        assert [m["epoch"] for m in trained["metrics"]] == [1, 2, 3]
+        assert trained["result"]["test_accuracy"] > 0.8
+        names = {a["name"] for a in trained["artifacts"]}
+        assert {"weights.safetensors", "state_dict.pt", "metrics.json", "logs.txt"} <= names
+        logs = client.download(trained["id"], "logs.txt", tmp_path / "logs").read_text()
+        assert "building with" in logs
+        assert "TRAINHUB" not in logs and "DATABASE" not in logs
+
+        hostile = upload(client, tmp_path, "hostile", HOSTILE)
+        weights = code_service.artifact_dir / trained["id"] / "weights.safetensors"
+        assert weights.exists()
+        cases = {
+            "environment": ({}, "LookupError: found {}"),
+            "other_job": ({"kwargs": {"path": str(weights)}}, "PermissionError"),
+            "database": ({}, "PermissionError"),
+            "memory": ({}, "MemoryError"),
+            "huge_file": ({}, "File too large"),
+        }
+        for entrypoint, (extra, words) in cases.items():
+            ended = client.wait(client.submit(job(hostile, f"hostile:{entrypoint}", **extra))["id"], timeout_s=300)
+            assert ended["status"] == "failed", (entrypoint, ended)
+            assert ended["error"]["type"] == "user_code_error", (entrypoint, ended["error"])
+            message = ended["error"]["message"]
+            assert words in message, (entrypoint, message)
+            assert f'File "hostile.py"' in message and "trainers/" not in message, message
+            assert "logs.txt" in {a["name"] for a in ended["artifacts"]}
+
+        slept = client.wait(client.submit(job(hostile, "hostile:sleeper", max_runtime_s=3))["id"], timeout_s=300)
+        assert (slept["status"], slept["error"]["type"]) == ("failed", "timeout"), slept
+
+        # Nothing outside the jobs' own folders changed, and the worker still serves.
+        assert weights.exists()
+        again = client.wait(client.submit(job(code, "mlp:build", epochs=1))["id"], timeout_s=300)
+        assert again["status"] == "succeeded", again["error"]
+
+
+def test_cancel_stops_a_user_code_job_in_its_child(code_service, tmp_path):
+    with code_client(code_service) as client:
+        hostile = upload(client, tmp_path, "hostile", HOSTILE)
+        submitted = client.submit(job(hostile, "hostile:sleeper"))
+        for _ in range(600):
+            if client.get(submitted["id"])["status"] == "running":
+                break
+            __import__("time").sleep(0.2)
+        client.cancel(submitted["id"])
+        ended = client.wait(submitted["id"], timeout_s=60)
+        assert ended["status"] == "cancelled"

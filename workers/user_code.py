@@ -1,0 +1,278 @@
+"""Run a user-code job: the trainer in a child process behind workers/sandbox.py's walls, talking
+to this worker only over a pipe.
+
+The worker hands the child this job's code (written into its working directory) and data (an
+uploaded dataset's cached file, copied in), then reads JSON lines: epoch metrics it checks
+(known names, finite numbers) and records through the job's hooks, and a result naming the
+artifacts it wrote, which the worker checks (known names, plain files in the job's folder,
+sizes) before they are stored. Cancel, max_runtime_s, shutdown and preemption kill the child's
+whole process group. Its stdout and stderr become `logs.txt` (the first LOG_BYTES).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+from app import storage
+from app.code.package import _checked_name
+from app.config import get_settings
+from app.db import session_scope
+from app.models import CodeUpload
+from trainers.base import METRIC_FIELDS, EpochMetrics, FitResult
+from trainers.spec import JobSpec
+from workers import sandbox
+
+log = logging.getLogger(__name__)
+
+LOG_FILE = "logs.txt"
+LOG_BYTES = 1 << 20  # of the child's stdout and stderr kept in logs.txt
+MAX_LINE_BYTES = 1 << 20  # one JSON line from the child
+CODE_FOLDER, DATA_FOLDER = ".code", ".data"
+# The artifacts a child may hand back (trainers' own names), each checked before it is stored.
+ARTIFACT_NAMES = (
+    "weights.safetensors",
+    "state_dict.pt",
+    "params.msgpack",
+    "metrics.json",
+    "spec.json",
+    "preprocessing.json",
+)
+START_SLACK_CPU_S = 120  # CPU seconds of the child's start (imports, data) on top of max_runtime_s
+
+
+class UserCodeFailed(Exception):
+    """The user's code raised, or its child process died (a limit, a signal) or broke the protocol:
+    the job fails `user_code_error` with this message (the exception, the user's frames)."""
+
+
+class _Drain(threading.Thread):
+    """Read the child's stdout+stderr to its end, keeping the first LOG_BYTES."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.kept, self.dropped = stream, bytearray(), 0
+
+    def run(self) -> None:
+        while chunk := self.stream.read(65536):
+            room = LOG_BYTES - len(self.kept)
+            self.kept += chunk[:room]
+            self.dropped += max(0, len(chunk) - room)
+
+    def text(self) -> bytes:
+        tail = f"\n[trainhub: {self.dropped:,} more bytes of output were dropped]\n" if self.dropped else ""
+        return bytes(self.kept) + tail.encode()
+
+
+def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Path | None) -> FitResult:
+    """Train the user-code job `spec` in a sandboxed child process (see the module docstring);
+    `hooks` are the job's runner.JobHooks. Raises UserCodeFailed, StopTraining from the hooks
+    (after the child is killed), or the trainers' own errors the child reports (NanLoss...)."""
+    settings = get_settings()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "tmp").mkdir(exist_ok=True)
+    code_dir = _write_code(spec, workdir / CODE_FOLDER)
+    data = _copy_data(dataset_file, workdir / DATA_FOLDER)
+    threads = len(os.sched_getaffinity(0))
+    cpu_s = int(math.ceil(spec.max_runtime_s * threads)) + START_SLACK_CPU_S if spec.max_runtime_s else None
+    limits = sandbox.Limits(settings.user_code_memory_bytes, settings.user_code_file_bytes, cpu_s=cpu_s)
+    extra = [p for p in (settings.data_dir,) if p is not None and p.exists()]
+    readable = sandbox.readable_roots(extra)
+    log.info("job %s: user code runs in a child with %s", job_id, sandbox.available())
+    read_end, write_end = os.pipe()
+    request = {
+        "fd": write_end,
+        "spec": spec.model_dump(mode="json"),
+        "workdir": str(workdir),
+        "code_dir": str(code_dir),
+        "data_dir": str(settings.data_dir) if settings.data_dir else None,
+        "dataset_file": str(data) if data else None,
+    }
+    # The worker's device pinning goes on: the child trains on the worker's devices only.
+    extra_env = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS") if k in os.environ}
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-I", "-m", "trainers.user_child", json.dumps(request)],
+            cwd=workdir,
+            env=sandbox.clean_env(workdir, threads, extra_env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_end,),
+            preexec_fn=sandbox.preexec(workdir, limits, readable),
+            start_new_session=True,  # its own process group: killed as one
+        )
+    finally:
+        os.close(write_end)
+    assert child.stdout is not None
+    drain = _Drain(child.stdout)
+    drain.start()
+    done = False
+    try:
+        result = _follow(child, os.fdopen(read_end, "rb"), hooks, workdir, settings.user_code_file_bytes)
+        done = True
+        return result
+    finally:
+        _kill(child, done)
+        drain.join(timeout=10)
+        (workdir / LOG_FILE).write_bytes(drain.text())
+        log.info("job %s: user code's child %d ended with %s", job_id, child.pid, child.returncode)
+
+
+def _follow(child: subprocess.Popen, channel: BinaryIO, hooks: Any, workdir: Path, max_file_bytes: int) -> FitResult:
+    """Read the child's messages until its result; between them, let the hooks stop the run."""
+    metrics: list[EpochMetrics] = []
+    with channel:
+        while True:
+            ready, _, _ = select.select([channel], [], [], 0.25)
+            hooks.should_stop()
+            if not ready:
+                continue
+            line = channel.readline(MAX_LINE_BYTES)
+            if not line:
+                raise UserCodeFailed(_died(child))
+            message = _parse(line)
+            kind = message.get("type")
+            if kind == "epoch":
+                epoch_metrics = _epoch(message, len(metrics))
+                metrics.append(epoch_metrics)
+                hooks.report(epoch_metrics.epoch, epoch_metrics)
+            elif kind == "error":
+                raise _error(message)
+            elif kind == "result":
+                return _result(message, metrics, workdir, max_file_bytes)
+            else:
+                raise UserCodeFailed(f"the child process sent an unknown message type {str(kind)[:40]!r}")
+
+
+def _parse(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        message = None
+    if not isinstance(message, dict):
+        raise UserCodeFailed("the child process sent a line that is not a JSON object (its pipe is the worker's)")
+    return message
+
+
+def _finite(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UserCodeFailed(f"{what} is {str(value)[:40]}, not a finite number")
+    return float(value)
+
+
+def _epoch(message: dict[str, Any], done: int) -> EpochMetrics:
+    values = message.get("metrics")
+    if not isinstance(values, dict) or set(values) - set(METRIC_FIELDS) or message.get("epoch") != done + 1:
+        raise UserCodeFailed(f"the child process sent malformed metrics for epoch {done + 1}")
+    checked = {
+        name: (None if value is None else _finite(value, f"metric {name}"))
+        for name, value in values.items()
+        if name != "epoch"
+    }
+    return EpochMetrics(epoch=done + 1, **checked)  # type: ignore[arg-type]  # required fields checked by the dataclass
+
+
+OWN_ERRORS = ("DataNotFound", "DatasetCorrupt", "HardwareMismatch", "NanLoss")
+
+
+def _error(message: dict[str, Any]) -> Exception:
+    text = str(message.get("message", ""))[:4000]
+    frames = str(message.get("traceback", ""))[:8000]
+    if message.get("kind") in OWN_ERRORS:  # the trainers' own errors keep their types
+        return _own_error(str(message["kind"]), text.split(": ", 1)[-1])
+    where = f"\nTraceback (your code, most recent call last):\n{frames}" if frames else ""
+    return UserCodeFailed(f"{text}{where}")
+
+
+def _own_error(kind: str, text: str) -> Exception:
+    """An exception whose class name is `kind`, so runner.USER_ERRORS types it as the trainers would."""
+    return type(kind, (Exception,), {})(text)
+
+
+def _result(message: dict[str, Any], metrics: list[EpochMetrics], workdir: Path, max_file_bytes: int) -> FitResult:
+    names = message.get("artifacts")
+    if not isinstance(names, list) or not metrics:
+        raise UserCodeFailed("the child process ended without metrics or artifacts")
+    for name in names:
+        if name not in ARTIFACT_NAMES:
+            raise UserCodeFailed(f"the child process named an artifact {str(name)[:60]!r} that jobs do not have")
+        info = (workdir / name).lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_file_bytes:
+            raise UserCodeFailed(f"artifact {name} is not a plain file of at most {max_file_bytes:,} bytes")
+    timings = {str(k): _finite(v, f"timing {k}") for k, v in dict(message.get("timings") or {}).items()}
+    result = {str(k): _finite(v, f"result {k}") for k, v in dict(message.get("result") or {}).items()}
+    device = message.get("device")
+    device = device if isinstance(device, dict) else {}
+    return FitResult(metrics=metrics, timings=timings, result=result, artifacts=[*names, LOG_FILE], device=device)
+
+
+SIGNALS = {
+    signal.SIGXCPU: "it used up its CPU time (RLIMIT_CPU, from max_runtime_s)",
+    signal.SIGXFSZ: "it wrote a file past the limit (RLIMIT_FSIZE, TRAINHUB_USER_CODE_FILE_BYTES)",
+    signal.SIGKILL: "it was killed (out of memory, or by the host)",
+    signal.SIGSEGV: "it crashed (segmentation fault)",
+}
+
+
+def _died(child: subprocess.Popen) -> str:
+    try:
+        code = child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return "the child process closed its pipe to the worker without a result"
+    if code < 0:
+        why = SIGNALS.get(signal.Signals(-code), f"it was stopped by {signal.Signals(-code).name}")
+        return f"the job's child process ended before its result: {why}; see logs.txt"
+    return f"the job's child process exited with status {code} before its result; see logs.txt"
+
+
+def _kill(child: subprocess.Popen, done: bool) -> None:
+    """End the child and every process it started (its process group), and reap it; a child that
+    sent its result (`done`) gets a few seconds to exit on its own first."""
+    if done:
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    try:  # its own children may live on in the group even after it exited
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.wait()
+
+
+def _write_code(spec: JobSpec, folder: Path) -> Path:
+    """The job's code, read from the store, written (each name checked again) into `folder`."""
+    with session_scope() as session:
+        row = session.get(CodeUpload, spec.model.code)
+        if row is None:
+            raise UserCodeFailed(f"code {spec.model.code} was deleted before the job ran: upload it again")
+        location = row.location
+    files = json.loads(storage.read_bytes(location))
+    shutil.rmtree(folder, ignore_errors=True)
+    for name, text in files.items():
+        path = folder / _checked_name(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return folder
+
+
+def _copy_data(dataset_file: Path | None, folder: Path) -> Path | None:
+    """The uploaded dataset's cached file, copied into the job's folder: the child reads no other."""
+    if dataset_file is None:
+        return None
+    folder.mkdir(exist_ok=True)
+    target = folder / "dataset.safetensors"
+    shutil.copyfile(dataset_file, target)
+    return target

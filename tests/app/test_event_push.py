@@ -87,7 +87,22 @@ class QueryCounter:
 
 
 @pytest.fixture
-def queries(api):
+def quiet_api(services_env, monkeypatch):
+    """The API without its webhook dispatcher, whose look at the outbox every second is the
+    only other query an idle API process makes."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from tests.conftest import reset_caches
+
+    monkeypatch.setenv("TRAINHUB_WEBHOOK_DISPATCH", "false")
+    reset_caches()
+    with TestClient(create_app()) as client:
+        yield client
+
+
+@pytest.fixture
+def queries(quiet_api):
     from app.db import get_engine
 
     counter = QueryCounter()
@@ -96,7 +111,8 @@ def queries(api):
     event.remove(get_engine(), "before_cursor_execute", counter)
 
 
-def test_an_idle_stream_costs_no_query_and_an_epoch_reaches_it_at_once(api, auth, rows, slow_polls, queries):
+def test_an_idle_stream_costs_no_query_and_an_epoch_reaches_it_at_once(quiet_api, auth, rows, slow_polls, queries):
+    api = quiet_api
     job = api.post("/jobs", json=DIGITS, headers=auth).json()["id"]
     rows.start(job)
     reader = Reader(api, job, auth)

@@ -14,8 +14,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("api_keys", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("allow_code", sa.Boolean(), nullable=False, server_default=sa.false()))
+    # Plain ADD COLUMN, also on SQLite: a batch would rebuild the table, and SQLite drops a
+    # rebuilt table's triggers (jobs: tallies, webhooks) or refuses it when a trigger names it.
+    op.add_column("api_keys", sa.Column("allow_code", sa.Boolean(), nullable=False, server_default=sa.false()))
     op.create_table(
         "code_uploads",
         sa.Column("id", sa.String(40), primary_key=True),
@@ -31,9 +32,8 @@ def upgrade() -> None:
     )
     op.create_index("ix_code_uploads_sha256", "code_uploads", ["sha256"])
     op.create_index("ix_code_uploads_owner_id_created_at", "code_uploads", ["owner_id", "created_at"])
-    with op.batch_alter_table("jobs", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("code_id", sa.String(40), nullable=True))
-        batch_op.create_index("ix_jobs_code_id", ["code_id"])
+    op.add_column("jobs", sa.Column("code_id", sa.String(40), nullable=True))
+    op.create_index("ix_jobs_code_id", "jobs", ["code_id"])
 
 
 def downgrade() -> None:

@@ -124,7 +124,6 @@ def test_a_run_handed_back_mid_epoch_resumes_at_the_step_it_stopped(framework, m
     assert reported == [1, 2, 3]
     assert numbers(resumed.metrics) == numbers(whole.metrics)  # the same bits as an uninterrupted run
     assert resumed.result == whole.result
-    assert resumed.metrics[1].epoch_time_s > 0
 
 
 @pytest.mark.parametrize("framework", ["jax", "pytorch"])

@@ -75,12 +75,20 @@ class StopTraining(Exception):
     """Raised by a `report` or `should_stop` hook to end the run early (cancel, time limit).
 
     The trainer lets it propagate after the current chunk of steps; metrics already reported
-    stay reported. `reason` is a short machine word such as "cancelled" or "timeout".
+    stay reported. `reason` is a short machine word such as "cancelled" or "timeout"; with one of
+    HAND_BACK_REASONS the trainer first checkpoints where the epoch stands (see there).
     """
 
     def __init__(self, reason: str, message: str = "") -> None:
         super().__init__(message or reason)
         self.reason = reason
+
+
+HAND_BACK_REASONS = frozenset({"preempted", "shutdown"})
+"""StopTraining reasons after which the same job runs again later (its worker hands it back to the
+queue): before letting one propagate between two chunks of an epoch, a trainer checkpoints the
+state and where the epoch stands, and the next `fit` in the workdir continues from that step with
+the results an uninterrupted run has. Other reasons end the job: the last checkpoint stays."""
 
 
 class HardwareMismatch(Exception):

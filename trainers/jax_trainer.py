@@ -12,7 +12,11 @@ The run reads like the seeds' loop, made fast:
   of any length reuses that one program;
 - the state is donated, so XLA updates params and opt_state in place;
 - the host stays one call ahead of the device: it waits for the call before the one it just
-  dispatched, so the device never idles between calls and a cancel is not queued behind many.
+  dispatched, so the device never idles between calls and a cancel is not queued behind many;
+- a run handed back between two chunks (preempted, or its worker shutting down) checkpoints
+  there, and the next run continues the epoch from that step: a step's batch and dropout key
+  are functions of (seed, epoch, step), and the running totals are carried through the scan
+  step after step, so where the chunks are cut does not change a single bit.
 """
 
 from __future__ import annotations
@@ -35,7 +39,16 @@ from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainers import jax_checkpoint
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, RunOptions, ShouldStop
+from trainers.base import (
+    HAND_BACK_REASONS,
+    EpochMetrics,
+    FitResult,
+    HardwareMismatch,
+    Report,
+    RunOptions,
+    ShouldStop,
+    StopTraining,
+)
 from trainers.common import (
     Preprocessing,
     epoch_batches,
@@ -73,7 +86,8 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
 
     Raises HardwareMismatch when jax's default backend is not spec.hardware, DataNotFound
     when the dataset is missing, and lets StopTraining from `report`/`should_stop` propagate
-    (the metrics already reported stand; no artifacts are written).
+    (the metrics already reported stand; no artifacts are written; with a reason of
+    HAND_BACK_REASONS, a checkpoint of the steps done in the epoch is written first).
     """
     start = time.perf_counter()
     _check_backend(spec.hardware)
@@ -89,12 +103,14 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
     )
     compile_s = time.perf_counter() - compile_start
 
-    state, metrics, first_step_loss = resume(workdir, run.state, report)
+    state, metrics, first_step_loss, progress = resume(workdir, run.state, report)
     checkpoints = Checkpoints(workdir)
     pace = Pace(run.chunk_steps)
     for epoch in range(len(metrics) + 1, spec.epochs + 1):
+        resumed = progress if progress is not None and progress.epoch == epoch else None
+        hand_back = partial(checkpoints.save, metrics, first_step_loss)  # (state, progress)
         state, (loss_sum, correct, step0_loss), epoch_time_s = train_epoch(
-            run, run_chunk, state, epoch, pace, should_stop
+            run, run_chunk, state, epoch, pace, should_stop, resumed, hand_back
         )
         first_step_loss = step0_loss if epoch == 1 else first_step_loss
         test, eval_time_s = evaluate(run, state)
@@ -111,7 +127,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
             task=run.task,
         )
         metrics.append(epoch_metrics)
-        checkpoints.save(epoch, state, metrics, first_step_loss)
+        checkpoints.save(metrics, first_step_loss, state)
         report(epoch, epoch_metrics)
 
     compilations = _programs_built - programs_before - checkpoints.programs
@@ -228,31 +244,56 @@ def create_train_state(
     return jax.jit(create, out_shardings=sharding)(params=variables["params"]), learning_rate
 
 
-def resume(workdir: Path, state: TrainState, report: Report) -> tuple[TrainState, list[EpochMetrics], float]:
-    """(state, metrics, first step's loss) from the last checkpoint of a job picked up again after
-    its worker died (its epochs are reported again: the worker may have died before it stored
-    them); else the initial state, no metrics and NaN."""
+def resume(
+    workdir: Path, state: TrainState, report: Report
+) -> tuple[TrainState, list[EpochMetrics], float, jax_checkpoint.Progress | None]:
+    """(state, metrics, first step's loss, where the next epoch stands) from the last checkpoint
+    of a job picked up again (handed back, or after its worker died: its epochs are reported
+    again, since the worker may have died before it stored them); else the initial state, no
+    metrics, NaN and None. The progress is None when the checkpoint was taken at an epoch's end."""
     if resumed := jax_checkpoint.restore(workdir, state):
-        state, metrics, first_step_loss = resumed
+        state, metrics, first_step_loss, progress = resumed
         for done in metrics:
             report(done.epoch, done)
-        return state, metrics, first_step_loss
-    return state, [], float("nan")
+        return state, metrics, first_step_loss, progress
+    return state, [], float("nan"), None
 
 
 def train_epoch(
-    run: Run, run_chunk: Compiled, state: TrainState, epoch: int, pace: Pace, should_stop: ShouldStop
+    run: Run,
+    run_chunk: Compiled,
+    state: TrainState,
+    epoch: int,
+    pace: Pace,
+    should_stop: ShouldStop,
+    resumed: jax_checkpoint.Progress | None = None,
+    hand_back: Callable[[TrainState, jax_checkpoint.Progress], None] | None = None,
 ) -> tuple[TrainState, tuple[float, ...], float]:
-    """One epoch of `run.steps` steps in compiled chunks, asking `should_stop` between chunks.
+    """One epoch of `run.steps` steps in compiled chunks, asking `should_stop` between chunks;
+    from the step and with the totals of `resumed` when given (a checkpoint taken mid-epoch).
+
+    When should_stop raises StopTraining with a reason of HAND_BACK_REASONS after this call ran
+    some steps, `hand_back(state, progress)` is called with where the epoch stands (to checkpoint
+    it) before the exception propagates.
 
     Returns the state, (sum of the batch losses, correct predictions, the loss of step 0) and the
-    epoch's time in seconds, waited for on the device."""
+    epoch's time in seconds, waited for on the device (with the time `resumed` had spent)."""
     batches = epoch_batches(run.seed, epoch, len(run.data.x_train), run.batch_size)
     epoch_start = time.perf_counter()
-    totals = np.zeros(3, np.float32)  # summed batch losses, correct predictions, step 0's loss
-    first = 0
+    # summed batch losses, correct predictions, step 0's loss
+    totals = np.array(resumed.totals if resumed else (0.0, 0.0, 0.0), np.float32)
+    start = first = resumed.step if resumed else 0
+    spent_s = resumed.elapsed_s if resumed else 0.0
     while first < run.steps:
-        should_stop()
+        try:
+            should_stop()
+        except StopTraining as stop:
+            if stop.reason in HAND_BACK_REASONS and first > start and hand_back is not None:
+                jax.block_until_ready(state)
+                loss_sum, correct, step0_loss = (float(v) for v in jax.device_get(totals))
+                elapsed_s = spent_s + time.perf_counter() - epoch_start
+                hand_back(state, jax_checkpoint.Progress(epoch, first, (loss_sum, correct, step0_loss), elapsed_s))
+            raise
         count = pace.steps()
         batch_idx, step_ids, valid = _chunk(batches, first, count, run.chunk_steps)
         call_start, previous = time.perf_counter(), totals
@@ -267,9 +308,9 @@ def train_epoch(
     # The clock stops once the device is done.
     jax.block_until_ready(state)
     sums = tuple(float(v) for v in jax.device_get(totals))
-    epoch_time_s = time.perf_counter() - epoch_start
-    pace.timed(epoch_time_s / run.steps)
-    return state, sums, epoch_time_s
+    run_s = time.perf_counter() - epoch_start
+    pace.timed(run_s / (run.steps - start))
+    return state, sums, spent_s + run_s
 
 
 def evaluate(run: Run, state: TrainState) -> tuple[dict[str, float | None], float]:
@@ -282,16 +323,23 @@ def evaluate(run: Run, state: TrainState) -> tuple[dict[str, float | None], floa
 
 
 class Checkpoints:
-    """Saves the state after each epoch (jax_checkpoint), counting the time it takes and the
-    small programs Orbax builds to save replicated (multi-device) arrays: they are not the train
-    step, so they are not counted as its compilations."""
+    """Saves the state after each epoch, or mid-epoch when the run is handed back
+    (jax_checkpoint), counting the time it takes and the small programs Orbax builds to save
+    replicated (multi-device) arrays: they are not the train step, so they are not counted as
+    its compilations."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir, self.seconds, self.programs = workdir, 0.0, 0
 
-    def save(self, epoch: int, state: TrainState, metrics: list[EpochMetrics], first_step_loss: float) -> None:
+    def save(
+        self,
+        metrics: list[EpochMetrics],
+        first_step_loss: float,
+        state: TrainState,
+        progress: jax_checkpoint.Progress | None = None,
+    ) -> None:
         start, programs_before = time.perf_counter(), _programs_built
-        jax_checkpoint.save(self.workdir, epoch, state, metrics, first_step_loss)
+        jax_checkpoint.save(self.workdir, state, metrics, first_step_loss, progress)
         self.seconds += time.perf_counter() - start
         self.programs += _programs_built - programs_before
 

@@ -14,6 +14,11 @@ messages it calls `should_stop`; to stop, it raises a shared flag that the ranks
 torch_trainer.STOP_CHECK_STEPS steps and agree on with an all-reduce, so they all stop after the same step.
 A rank that fails sends its error, and the run raises it here; a rank that dies is an error too.
 Ranks die with this process (PR_SET_PDEATHSIG), so a killed worker leaves none behind.
+
+A run handed back (preempted, or its worker shutting down) resumes from its last epoch's
+checkpoint, redoing the steps of the epoch it was in: unlike one device (torch_trainer), no
+mid-epoch checkpoint is written, which would need every rank's RNG state and running sums
+gathered on rank 0, and the stop flag does not say why the run stops.
 """
 
 from __future__ import annotations

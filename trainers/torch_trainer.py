@@ -3,6 +3,11 @@
 Batches are sliced from device tensors with the framework-neutral `epoch_batches` indices
 (no DataLoader, no per-sample collation), and the running loss stays on the device until
 the epoch ends, so the host waits for the device once per epoch.
+
+A run handed back between two steps (preempted, or its worker shutting down; see
+base.HAND_BACK_REASONS) checkpoints there, with the running sums and the RNG states, and the
+next run continues the epoch from that step with the same numbers an uninterrupted run has. Not
+with data parallel (torch_ddp) or on a TPU: those resume from their last epoch's checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +26,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainers import torch_checkpoint
-from trainers.base import EpochMetrics, FitResult, HardwareMismatch, Report, RunOptions, ShouldStop
+from trainers.base import (
+    HAND_BACK_REASONS,
+    EpochMetrics,
+    FitResult,
+    HardwareMismatch,
+    Report,
+    RunOptions,
+    ShouldStop,
+    StopTraining,
+)
 from trainers.common import (
     Preprocessing,
     epoch_batches,
@@ -62,7 +76,9 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
 
     Raises HardwareMismatch when spec.hardware is gpu without CUDA or tpu without torch_xla,
     DataNotFound when the dataset is missing, and lets StopTraining from `report`/`should_stop`
-    propagate (the metrics already reported stand; no artifacts are written).
+    propagate (the metrics already reported stand; no artifacts are written; with a reason of
+    HAND_BACK_REASONS, on one cpu or cuda device, a checkpoint of the epoch's steps done so far
+    is written first).
     """
     if spec.devices > 1:  # data parallel: DDP, one process per device, each running `train`
         from trainers import torch_ddp
@@ -130,12 +146,19 @@ def train(
     # "compile": true: the step is compiled here, on one batch, so no epoch pays for it.
     graphs_before = _graphs_compiled
     train_model, compile_s = compile_model(spec, run)
-    metrics, first_step_loss = resume(workdir, run, report)
+    metrics, first_step_loss, progress = resume(workdir, run, report)
     step = make_train_step(spec, run, world.wrap(train_model), world)
+    # Mid-epoch checkpoints where the dropout RNG's state can be saved, by the only rank.
+    can_hand_back = world.size == 1 and run.device.type in ("cpu", "cuda")
     checkpoint_s = 0.0
     for epoch in range(len(metrics) + 1, spec.epochs + 1):
-        learning_rate = run.optimizer.param_groups[0]["lr"]  # the rate of the epoch's first step
-        train_loss, train_correct, epoch_time_s, step0_loss = train_epoch(spec, run, step, world, epoch, should_stop)
+        resumed = progress if progress is not None and progress.epoch == epoch else None
+        # The rate of the epoch's first step.
+        learning_rate = resumed.learning_rate if resumed else run.optimizer.param_groups[0]["lr"]
+        hand_back = partial(_hand_back, workdir, run, metrics, first_step_loss) if can_hand_back else None
+        train_loss, train_correct, epoch_time_s, step0_loss = train_epoch(
+            spec, run, step, world, epoch, should_stop, resumed, hand_back, learning_rate
+        )
         first_step_loss = step0_loss if step0_loss is not None else first_step_loss
         # Rank 0 reports and checkpoints; the other ranks' test metrics would go nowhere.
         no_test: dict[str, float | None] = {"test_loss": math.nan}
@@ -245,16 +268,20 @@ def compile_model(spec: JobSpec, run: Run) -> tuple[torch.nn.Module, float]:
     return compiled, time.perf_counter() - compile_start
 
 
-def resume(workdir: Path, run: Run, report: Report) -> tuple[list[EpochMetrics], torch.Tensor]:
-    """(metrics, the first step's loss on the device) restored from the last checkpoint of a job
-    picked up again after its worker died (its epochs are reported again: the worker may have
-    died before it stored them); else no metrics and NaN (the parity check compares it)."""
+def resume(
+    workdir: Path, run: Run, report: Report
+) -> tuple[list[EpochMetrics], torch.Tensor, torch_checkpoint.Progress | None]:
+    """(metrics, the first step's loss on the device, where the next epoch stands) restored from
+    the last checkpoint of a job picked up again (handed back, or after its worker died: its
+    epochs are reported again, since the worker may have died before it stored them); else no
+    metrics, NaN (the parity check compares it) and None. The progress is None when the
+    checkpoint was taken at an epoch's end."""
     if resumed := torch_checkpoint.restore(workdir, run.model, run.optimizer, run.scheduler):
-        metrics, first_loss = resumed
+        metrics, first_loss, progress = resumed
         for done in metrics:
             report(done.epoch, done)
-        return metrics, torch.tensor(first_loss, device=run.device)
-    return [], torch.full((), float("nan"), device=run.device)
+        return metrics, torch.tensor(first_loss, device=run.device), progress
+    return [], torch.full((), float("nan"), device=run.device), None
 
 
 TrainStep = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -308,28 +335,68 @@ def _gradients(
     return loss, logits
 
 
+HandBack = Callable[[torch_checkpoint.Progress, torch.Tensor | None], None]
+"""`hand_back(progress, step0_loss)`: checkpoint an epoch stopped at `progress` (train_epoch)."""
+
+
 def train_epoch(
-    spec: JobSpec, run: Run, step: TrainStep, world: OneDevice | Group, epoch: int, should_stop: ShouldStop
+    spec: JobSpec,
+    run: Run,
+    step: TrainStep,
+    world: OneDevice | Group,
+    epoch: int,
+    should_stop: ShouldStop,
+    resumed: torch_checkpoint.Progress | None = None,
+    hand_back: HandBack | None = None,
+    learning_rate: float = math.nan,
 ) -> tuple[float, float, float, torch.Tensor | None]:
     """One epoch of `run.steps` steps over this device's share of each batch, asking
-    `should_stop` every STOP_CHECK_STEPS steps (and every STOP_CHECK_S on one device).
+    `should_stop` every STOP_CHECK_STEPS steps (and every STOP_CHECK_S on one device); from the
+    step, with the sums and RNG states of `resumed` when given (a checkpoint taken mid-epoch).
+
+    When should_stop raises StopTraining with a reason of HAND_BACK_REASONS after this call ran
+    some steps, `hand_back(progress, step0_loss)` is called with where the epoch stands (to
+    checkpoint it, with `learning_rate`, the rate of the epoch's first step that its metrics
+    report) before the exception propagates.
 
     Returns (mean batch loss summed over the steps, correct predictions, seconds waited for on the
-    device, the first step's loss on the device in epoch 1 else None)."""
+    device (with the time `resumed` had spent), the first step's loss on the device when this
+    call ran epoch 1's step 0, else None)."""
     device = run.device
     # Dropout masks from (seed, epoch), like the batch order, so a resumed run repeats them.
     torch.manual_seed(spec.seed * 100_003 + epoch + 7_919 * world.rank)
     order = epoch_batches(spec.seed, epoch, len(run.x_train), spec.batch_size)
     batches = world.shard(torch.from_numpy(order).to(device, torch.int64))
+    start = resumed.step if resumed else 0
+    spent_s = resumed.elapsed_s if resumed else 0.0
+    if resumed:  # mid-epoch: the generators as they were after step `start - 1`
+        torch.set_rng_state(resumed.cpu_rng)
+        if device.type == "cuda" and resumed.cuda_rng is not None:
+            torch.cuda.set_rng_state(resumed.cuda_rng, device)
     epoch_start = time.perf_counter()
     run.model.train()
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=run.y_train.dtype, device=device)  # summed scores (score_sum)
+    if resumed:
+        loss_sum, correct = resumed.loss_sum.to(device, copy=True), resumed.correct.to(device, copy=True)
+    else:
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), dtype=run.y_train.dtype, device=device)  # summed scores (score_sum)
     step0_loss, next_check = None, 0.0
-    for i, idx in enumerate(batches):
+    for i in range(start, len(batches)):
+        idx = batches[i]
         if i % STOP_CHECK_STEPS == 0 or world.timed_stop_checks and time.perf_counter() > next_check:
             _wait_for(device)  # a GPU runs behind the host: the steps asked about are done
-            should_stop()
+            try:
+                should_stop()
+            except StopTraining as stop:
+                if stop.reason in HAND_BACK_REASONS and i > start and hand_back is not None:
+                    rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+                    elapsed_s = spent_s + time.perf_counter() - epoch_start
+                    cpu_rng = torch.get_rng_state()
+                    progress = torch_checkpoint.Progress(
+                        epoch, i, loss_sum, correct, elapsed_s, learning_rate, cpu_rng, rng
+                    )
+                    hand_back(progress, step0_loss)
+                raise
             next_check = time.perf_counter() + STOP_CHECK_S
         y = run.y_train[idx]
         loss, logits = step(run.x_train[idx], y)
@@ -342,7 +409,22 @@ def train_epoch(
     # The epoch's one host sync. Each device's loss is the mean over its share of the batch.
     loss_total, train_correct = world.total(loss_sum, correct)
     _wait_for(device)
-    return loss_total / world.size, train_correct, time.perf_counter() - epoch_start, step0_loss
+    return loss_total / world.size, train_correct, spent_s + time.perf_counter() - epoch_start, step0_loss
+
+
+def _hand_back(
+    workdir: Path,
+    run: Run,
+    metrics: list[EpochMetrics],
+    first_step_loss: torch.Tensor,
+    progress: torch_checkpoint.Progress,
+    step0_loss: torch.Tensor | None,
+) -> None:
+    """Checkpoint a run stopped at `progress`, after the epochs of `metrics` (train_epoch's HandBack)."""
+    first = step0_loss if step0_loss is not None else first_step_loss  # stopped in epoch 1: its step 0
+    torch_checkpoint.save(
+        workdir, len(metrics), run.model, run.optimizer, metrics, first.item(), run.scheduler, progress
+    )
 
 
 def test(run: Run) -> tuple[dict[str, float | None], float]:

@@ -360,7 +360,8 @@ def sha256_file(path: Path) -> str:
 def release(job_id: str, attempt: int, preempted: bool = False) -> str:
     """Put a job this worker stops (on shutdown, after a database outage, or `preempted` by a job
     of higher priority) back in its queue (lifecycle.release); the next attempt resumes from the
-    last checkpoint. A cancel that came meanwhile ends it cancelled."""
+    last checkpoint: on shutdown or preemption, the trainer wrote one at the chunk where it
+    stopped (trainers.base.HAND_BACK_REASONS). A cancel that came meanwhile ends it cancelled."""
 
     def attempt_release() -> JobStatus | None:
         with session_scope() as session:

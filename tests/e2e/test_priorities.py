@@ -1,6 +1,6 @@
 """Priorities through the real stack (uvicorn, one `trainhub worker`, PostgreSQL, Redis): a high
 job waiting behind a running low one on the only worker preempts it; the low one goes back to
-the queue, resumes from its checkpoint and ends with the metrics of an uninterrupted run."""
+the queue, resumes at the chunk where it stopped and ends with the metrics of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.e2e.conftest import running_service, wait_for
 LOW = {"framework": "jax", "dataset": {"name": "fashion-mnist", "train_limit": 6000, "test_limit": 1000},
        "batch_size": 32, "epochs": 12, "priority": "low"}
 HIGH = {"framework": "jax", "dataset": {"name": "digits"}, "epochs": 1, "priority": "high"}
-SCORES = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
+TIMINGS = ("epoch_time_s", "eval_time_s", "samples_per_s")  # measured: the rest must be equal
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def one_worker(database_url, redis_url, tmp_path):
 
 
 def scores(job: dict) -> list[dict]:
-    return [{name: m[name] for name in SCORES} for m in job["metrics"]]
+    return [{name: value for name, value in m.items() if name not in TIMINGS} for m in job["metrics"]]
 
 
 def test_a_high_job_preempts_a_low_one_that_resumes_to_identical_results(one_worker):

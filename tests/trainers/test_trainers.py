@@ -164,7 +164,12 @@ def test_jax_slow_steps_run_fewer_per_call():
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_fast_steps_ask_should_stop_once_per_chunk(tmp_path, digits_spec, framework):
+def test_fast_steps_ask_should_stop_once_per_chunk(tmp_path, digits_spec, monkeypatch, framework):
+    # Steps count as fast however loaded the machine is (no timed looks in between).
+    from trainers import jax_trainer, torch_trainer
+
+    monkeypatch.setattr(jax_trainer, "CHUNK_TARGET_S", 1e9)
+    monkeypatch.setattr(torch_trainer, "STOP_CHECK_S", 1e9)
     reported, asked_in_epoch = [], []
     fit(digits_spec(framework, epochs=2), tmp_path, lambda epoch, m: reported.append(epoch),
         lambda: asked_in_epoch.append(len(reported) + 1))

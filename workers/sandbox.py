@@ -98,6 +98,8 @@ def readable_roots(extra: Iterable[Path] = ()) -> list[Path]:
 
     roots = [Path(sys.base_prefix), Path(sys.prefix), Path(trainers.__file__).parent]
     roots += [Path(p) for p in ("/usr", "/lib", "/lib64", "/bin", "/etc", "/sys", "/dev/null", "/dev/urandom")]
+    # The one file of /proc it reads: XLA's CPU kernels (YNNPACK's cpuinfo) fail without it.
+    roots.append(Path("/proc/cpuinfo"))
     roots += list(extra)
     return [root for root in dict.fromkeys(r.resolve() for r in roots) if root.exists()]
 

@@ -1,5 +1,5 @@
-"""Users' own model code through the whole service: a torch module uploaded and trained on digits by
-our loop in a sandboxed child process, and hostile code (reading the environment, another job's
+"""Users' own model code through the whole service: a torch and a flax module uploaded and trained on
+digits by our loops in a sandboxed child process, the two compared with parity passing, and hostile code (reading the environment, another job's
 files, the database port, too much memory, a huge file, a sleep past max_runtime_s) contained
 with a clear error type while the worker keeps serving."""
 
@@ -41,6 +41,44 @@ MODEL = textwrap.dedent('''
 
     def loss(logits, targets):
         return nn.functional.cross_entropy(logits, targets, label_smoothing=0.0)
+''')
+
+# The same MLP written both ways, with the same parameter names (hidden.weight, out.bias, ...).
+PAIR = textwrap.dedent('''
+    import math
+
+    import flax.linen as fnn
+    import jax
+    import torch
+    from torch import nn
+
+
+    class FlaxMLP(fnn.Module):
+        hidden: int
+        classes: int
+
+        @fnn.compact
+        def __call__(self, x, train: bool = False):
+            print("flax module called with", x.shape)
+            return fnn.Dense(self.classes, name="out")(jax.nn.relu(fnn.Dense(self.hidden, name="hidden")(x)))
+
+
+    class TorchMLP(nn.Module):
+        def __init__(self, features, hidden, classes):
+            super().__init__()
+            self.hidden = nn.Linear(features, hidden)
+            self.out = nn.Linear(hidden, classes)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.hidden(x)))
+
+
+    def flax_mlp(input_shape, num_classes, hidden=32):
+        return FlaxMLP(hidden, num_classes)
+
+
+    def torch_mlp(input_shape, num_classes, hidden=32):
+        return TorchMLP(math.prod(input_shape), hidden, num_classes)
 ''')
 
 HOSTILE = textwrap.dedent('''
@@ -167,3 +205,27 @@ def test_cancel_stops_a_user_code_job_in_its_child(code_service, tmp_path):
         client.cancel(submitted["id"])
         ended = client.wait(submitted["id"], timeout_s=60)
         assert ended["status"] == "cancelled"
+
+
+def test_a_flax_module_trains_and_a_pair_compares_with_parity(code_service, tmp_path):
+    with code_client(code_service) as client:
+        code = upload(client, tmp_path, "pair", PAIR)
+        flax_job = {**job(code, "pair:flax_mlp", kwargs={"hidden": 32}), "framework": "jax"}
+        trained = client.wait(client.submit(flax_job)["id"], timeout_s=400)
+        assert trained["status"] == "succeeded", trained["error"]
+        assert [m["epoch"] for m in trained["metrics"]] == [1, 2, 3]
+        assert trained["result"]["test_accuracy"] > 0.8
+        assert trained["timings"]["compile_s"] > 0
+        assert {"weights.safetensors", "params.msgpack", "logs.txt"} <= {a["name"] for a in trained["artifacts"]}
+        assert "flax module called with" in client.download(trained["id"], "logs.txt", tmp_path / "flax").read_text()
+
+        model = {"code": code["id"], "entrypoints": {"jax": "pair:flax_mlp", "pytorch": "pair:torch_mlp"}}
+        spec = {"dataset": {"name": "digits"}, "batch_size": 64, "epochs": 2, "model": model}
+        comparison = client.compare(spec)
+        ended = client.wait_comparison(comparison["id"], timeout_s=600)
+        assert ended["status"] == "succeeded", (ended["error"], ended["parity"])
+        parity = ended["parity"]
+        assert parity["passed"] and {c["name"] for c in parity["checks"]} == {
+            "first step loss", "epoch train loss", "test accuracy agrees"
+        }
+        assert parity["export"]["compatible"] is True

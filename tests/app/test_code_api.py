@@ -209,6 +209,7 @@ def test_jobs_name_the_keys_code_and_an_entrypoint_of_the_right_framework(api, c
     assert loc == ["body", "model", "entrypoint"] and "builds a pytorch model" in msg
     flax_job = api.post("/jobs", json={**job, "framework": "jax", "model": {"code": flax["id"], "entrypoint": "flaxmodel:build"}}, headers=owner)
     assert flax_job.status_code == 201, flax_job.text
+    api.post(f"/jobs/{flax_job.json()['id']}/cancel", headers=owner)  # the database is shared: leave no queue
     loc, msg = refusal({**job, "model": {**model, "entrypoints": {"jax": "model:build", "pytorch": "model:build"}}})
     assert "entrypoint" in msg
     loc, msg = refusal({**job, "model": {**model, "entrypoint": "model:nothing"}})
@@ -266,6 +267,8 @@ def test_a_comparison_names_a_jax_and_a_pytorch_entrypoint_of_one_upload(api, co
     assert jobs["pytorch"]["spec"]["model"]["entrypoint"] == "nets.torchnet:build"
     own = api.post("/comparisons", json={**body, "model": {**model, "init": "module"}}, headers=owner).json()
     assert own["jobs"]["jax"]["spec"]["model"]["init"] == "module"
+    for made in (created.json(), own):
+        api.post(f"/comparisons/{made['id']}/cancel", headers=owner)
 
     def refusal(model: dict) -> tuple[list, str]:
         response = api.post("/comparisons", json={**body, "model": model}, headers=owner)

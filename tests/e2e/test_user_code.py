@@ -229,3 +229,51 @@ def test_a_flax_module_trains_and_a_pair_compares_with_parity(code_service, tmp_
             "first step loss", "epoch train loss", "test accuracy agrees"
         }
         assert parity["export"]["compatible"] is True
+
+
+CHATTY = textwrap.dedent('''
+    import math
+    import time
+
+    from torch import nn
+
+
+    class Slow(nn.Module):
+        def __init__(self, features, classes):
+            super().__init__()
+            self.steps, self.out = 0, nn.Linear(features, classes)
+
+        def forward(self, x):
+            if self.training:
+                self.steps += 1
+                print("step", self.steps, flush=False)
+                time.sleep(0.1)  # an epoch of 22 steps takes over 2 s: lines are stored as it runs
+            return self.out(x)
+
+
+    def build(input_shape, num_classes):
+        return Slow(math.prod(input_shape), num_classes)
+''')
+
+
+def test_what_user_code_prints_is_streamed_as_log_events_while_it_runs(code_service, tmp_path):
+    with code_client(code_service) as client:
+        code = upload(client, tmp_path, "chatty", CHATTY)
+        submitted = client.submit(job(code, "chatty:build"))
+        events = list(client.events(submitted["id"]))
+        assert events[-1].data["status"] == "succeeded", events[-1].data
+        # The stored story keeps its numbers: queued 0, running 1, epochs 2..4, the end 5.
+        assert [int(e.id) for e in events if e.id is not None] == [0, 1, 2, 3, 4, 5]
+        logs = [e for e in events if e.event == "log"]
+        assert logs and all(e.id is None for e in logs)
+        lines = "".join(e.data["text"] for e in logs).splitlines()
+        assert [line for line in lines if line.startswith("step")] == [f"step {i}" for i in range(1, 3 * 22 + 1)]
+        # Some arrived while it ran: before the metrics of its last epoch.
+        last_epoch = next(i for i, e in enumerate(events) if e.event == "metrics" and e.data["epoch"] == 3)
+        assert events.index(logs[0]) < last_epoch
+
+        # A reconnection (Last-Event-ID) is not sent them again; a fresh connection is.
+        again = list(client.events(submitted["id"], last_event_id="4"))
+        assert [e.event for e in again] == ["status"]
+        replayed = [e for e in client.events(submitted["id"]) if e.event == "log"]
+        assert "".join(e.data["text"] for e in replayed).splitlines() == lines

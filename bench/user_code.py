@@ -12,7 +12,7 @@ import httpx
 
 USER_CODE_RATIO = 1.1
 
-MLP = '''
+MLP = """
 import math
 
 from torch import nn
@@ -24,7 +24,7 @@ def build(input_shape, num_classes, hidden_sizes=(256, 128), dropout=0.2):
     for n_in, n_out in zip(sizes, sizes[1:]):
         layers += [nn.Linear(n_in, n_out), nn.ReLU(), nn.Dropout(dropout)]
     return nn.Sequential(*layers, nn.Linear(sizes[-1], num_classes))
-'''
+"""
 
 
 def measure(client: httpx.Client, builtin_spec: dict, builtin_job: dict, log: Callable[[str], None]) -> dict:
@@ -36,9 +36,11 @@ def measure(client: httpx.Client, builtin_spec: dict, builtin_job: dict, log: Ca
         "/code", params={"filename": "bench_mlp.py", "entrypoint": "bench_mlp:build"}, content=MLP.encode()
     )
     response.raise_for_status()
-    model = {"code": response.json()["id"], "entrypoint": "bench_mlp:build",
-             "kwargs": {"hidden_sizes": builtin_spec["model"]["hidden_sizes"],
-                        "dropout": builtin_spec["model"]["dropout"]}}
+    model = {
+        "code": response.json()["id"],
+        "entrypoint": "bench_mlp:build",
+        "kwargs": {"hidden_sizes": builtin_spec["model"]["hidden_sizes"], "dropout": builtin_spec["model"]["dropout"]},
+    }
     spec = {**builtin_spec, "model": model}
     jobs = []
     for label in ("user code, cold", "user code, warm"):

@@ -1228,11 +1228,12 @@ def _bytes(size: int | None) -> str:
 
 
 # Sweeps and gc have their own modules (they import the helpers above when their commands run).
-from app import cli_gc, cli_sweeps, cli_webhooks  # noqa: E402
+from app import cli_code, cli_gc, cli_sweeps, cli_webhooks  # noqa: E402
 
 cli_sweeps.register(cli)
 cli_gc.register(cli)
 cli_webhooks.register(cli)
+cli_code.register(cli)
 
 __all__ = ["cli", "main", "FINISHED"]
 

@@ -286,6 +286,10 @@ class TrainhubClient:
         """GET /code: the key's uploaded code, newest first."""
         return self._request("GET", "/code")["items"]
 
+    def get_code(self, code_id: str) -> dict:
+        """GET /code/{id}: one of the key's code records (its id, or `code_` and 8+ of its digits)."""
+        return self._request("GET", f"/code/{_segment(code_id)}")
+
     def delete_code(self, code_id: str) -> None:
         response = self.http.delete(f"/code/{_segment(code_id)}")
         _raise_for_status(response)

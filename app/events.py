@@ -9,8 +9,10 @@ Every event with an `id` has a sequence number that orders the job's life:
 
 The numbers are functions of what is stored, so a client that reconnects with
 `Last-Event-ID: n` is sent exactly the events numbered above n and misses nothing. A fresh
-connection replays the job's whole story. Events without an id ("waiting": why a queued job
-has not started, null once it has) are hints that may change and are not replayed.
+connection replays the job's whole story. Events without an id are hints, not replayed after a
+reconnect: "waiting" (why a queued job has not started, null once it has) and, for user code,
+"log" ({"text": one or more whole lines its code printed}; a fresh connection sends those stored
+so far first, a reconnection only those stored after it; logs.txt keeps them all).
 
 A stream reads the database only when told its job, its queue or its key changed (app/notify.py:
 one LISTEN connection per API process), each time in a new, short session, and holds none while
@@ -29,13 +31,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from app import jobs, notify, rendering
 from app.db import session_scope
-from app.models import ApiKey, EpochMetric, Job, rfc3339
+from app.models import ApiKey, EpochMetric, Job, JobLog, rfc3339
 from app.queue import queue_name
 from app.schemas import FINISHED
 from app.status import JobStatus
@@ -55,6 +57,8 @@ KEEPALIVE_S = 15.0
 # Polls of all streams in flight at once, per event loop: they run in the thread pool and must
 # leave it (and the connection pool) to the other requests however many watchers there are.
 MAX_CONCURRENT_POLLS = 4
+# Output rows a look sends at most (a stream behind on a chatty job catches up over a few looks).
+MAX_LOG_ROWS = 100
 # What a browser waits before reconnecting (milliseconds), sent as the stream's `retry:`.
 RETRY_MS = 1000
 
@@ -64,7 +68,7 @@ class Event:
     """One server-sent event: `id` is its sequence number (None for hints), `data` a JSON object."""
 
     id: int | None
-    event: str  # "status" | "metrics" | "waiting"
+    event: str  # "status" | "metrics" | "waiting" | "log"
     data: dict
 
     def encode(self) -> str:
@@ -218,17 +222,34 @@ def current_waiting_reason(session: Session, state: JobState) -> str | None:
     return jobs.waiting_reason(session, probe, jobs.online_queues(session))
 
 
-def poll(job_id: str, last_id: int, want_reason: bool) -> tuple[JobState | None, list[dict], str | None]:
-    """One look at the database in a session of its own: the row first, then the metrics, so a
-    finished row is never seen with metrics missing (a worker stores each epoch before it
-    ends the job)."""
+def read_logs(session: Session, job_id: str, after: int) -> list[tuple[int, str]]:
+    """(row id, text) of the job's stored output after row `after`, at most MAX_LOG_ROWS of them."""
+    rows = session.execute(
+        select(JobLog.id, JobLog.text).where(JobLog.job_id == job_id, JobLog.id > after).order_by(JobLog.id)
+    )
+    return [(row_id, text) for row_id, text in rows.fetchmany(MAX_LOG_ROWS)]
+
+
+def last_log(job_id: str) -> int:
+    """The id of the job's last stored output row (0: none): a reconnecting stream sends only later ones."""
+    with session_scope() as session:
+        return session.scalar(select(func.max(JobLog.id)).where(JobLog.job_id == job_id)) or 0
+
+
+def poll(
+    job_id: str, last_id: int, want_reason: bool, log_after: int | None = None
+) -> tuple[JobState | None, list[dict], str | None, list[tuple[int, str]]]:
+    """One look at the database in a session of its own: the row first, then the metrics and the
+    output rows after `log_after` (None: a job without user code has none), so a finished row is
+    never seen with metrics or output missing (a worker stores them before it ends the job)."""
     with session_scope() as session:
         state = read_state(session, job_id)
         if state is None:
-            return None, [], None
+            return None, [], None, []
         metrics = read_metrics(session, job_id, after_epoch=max(last_id - 1, 0)) if state.started_at else []
         reason = current_waiting_reason(session, state) if want_reason and state.status == JobStatus.QUEUED else None
-        return state, metrics, reason
+        logs = read_logs(session, job_id, log_after) if log_after is not None and state.started_at else []
+        return state, metrics, reason, logs
 
 
 _poll_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
@@ -251,6 +272,10 @@ async def stream(job_id: str, last_id: int, key_id: str) -> AsyncGenerator[str, 
     the key every KEY_CHECK_S."""
     yield f"retry: {RETRY_MS}\n\n"
     hub = notify.hub()
+    # Output rows already sent (user code only): none on a fresh connection, all stored on a reconnection.
+    log_after: int | None = None
+    if await run_in_threadpool(has_user_code, job_id):
+        log_after = 0 if last_id < 0 else await run_in_threadpool(last_log, job_id)
     with hub.watch(key_id, job_id=job_id) as watch:
         reason: str | None = None
         next_reason_check, next_key_check = 0.0, time.monotonic() + KEY_CHECK_S
@@ -269,9 +294,16 @@ async def stream(job_id: str, last_id: int, key_id: str) -> AsyncGenerator[str, 
                 want_reason = False
             if job_changed or want_reason or not live:
                 async with poll_slot():
-                    state, metrics, new_reason = await run_in_threadpool(poll, job_id, last_id, want_reason)
+                    state, metrics, new_reason, logs = await run_in_threadpool(
+                        poll, job_id, last_id, want_reason, log_after
+                    )
                 if state is None:
                     return
+                for row_id, text in logs:
+                    yield Event(None, "log", {"text": text}).encode()
+                    log_after, last_write = row_id, time.monotonic()
+                if len(logs) == MAX_LOG_ROWS:
+                    watch.wake(job=True)  # more are stored: look again at once
                 watch.queue, watch.waiting = state.queue, state.status == JobStatus.QUEUED
                 if want_reason:
                     next_reason_check = time.monotonic() + WAITING_CHECK_S
@@ -295,6 +327,12 @@ async def stream(job_id: str, last_id: int, key_id: str) -> AsyncGenerator[str, 
                 await watch.wait(max(min(until_keepalive, until_reason), 0.0))
             else:
                 await watch.wait(POLL_S)
+
+
+def has_user_code(job_id: str) -> bool:
+    """Whether the job trains user code (only those have output rows)."""
+    with session_scope() as session:
+        return session.scalar(select(Job.code_id).where(Job.id == job_id)) is not None
 
 
 def key_is_live(key_id: str) -> bool:

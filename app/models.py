@@ -281,6 +281,19 @@ class Dataset(Base):
     )
 
 
+class JobLog(Base):
+    """Output of a user-code job's child (stdout and stderr), one or more whole lines a row, stored by
+    the worker while the job runs (workers/user_code.py) and streamed as `log` events
+    (app/events.py); the job's logs.txt artifact holds the whole of it."""
+
+    __tablename__ = "job_logs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class CodeUpload(Base):
     """Uploaded model code (app/code/): its record; the files lie in the artifact store at
     `location` as one JSON object {name: text}, named by its sha256 (shared by every key that

@@ -197,9 +197,9 @@ def overlap_s(comparison: Comparison) -> float | None:
 def comparison_table(comparison: Comparison) -> list[dict]:
     """The side-by-side rows: {"metric", "jax", "pytorch", "ratio"} with ratio = jax / pytorch."""
     spec = ComparisonSpec.model_validate(comparison.spec)
+    parameters = None if spec.model.user_code else parameter_count(spec)  # user code: known in its sandbox only
     values = {
-        fw: _values(job, parameter_count(spec))
-        for fw, job in (("jax", comparison.jax_job), ("pytorch", comparison.pytorch_job))
+        fw: _values(job, parameters) for fw, job in (("jax", comparison.jax_job), ("pytorch", comparison.pytorch_job))
     }
     rows = []
     for metric in TABLE_ROWS:
@@ -211,7 +211,7 @@ def comparison_table(comparison: Comparison) -> list[dict]:
     return rows
 
 
-def _values(job: Job, parameters: int) -> dict:
+def _values(job: Job, parameters: int | None) -> dict:
     timings, result = job.timings or {}, job.result or {}
     # Epochs 2..n, as steady_epoch_s (the first when alone); their median, as steady_epoch_s's.
     later = [m.samples_per_s for m in job.metrics[1:]] or [m.samples_per_s for m in job.metrics]

@@ -360,6 +360,10 @@ def measure_jobs(config: Config, service, service_out: dict) -> None:
             jobs[label] = job
             service_out["jobs"].append(job)
         service_out["warm_jobs"] = {kind: jobs[f"{kind}, warm"] for kind in ("jax", "pytorch", "pytorch+compile")}
+        from bench import user_code
+
+        builtin = service_spec("pytorch", config, config.service_epochs, config.service_train_limit)
+        service_out["user_code"] = user_code.measure(client, builtin, jobs["pytorch, warm"], log)
         service_out["compile_cache"] = {"first_compile_s": jobs["jax, cold"]["timings"]["compile_s"],
                                         "second_compile_s": jobs["jax, warm"]["timings"]["compile_s"]}
 

@@ -138,6 +138,7 @@ class Service:
             # The per-key quotas (60 jobs a minute, 100 queued by default) would stop the load
             # test of the API after a second; it measures the API, so the operator raises them.
             **QUOTAS,
+            "TRAINHUB_ALLOW_USER_CODE": "1",  # the user-code row (bench/user_code.py)
         }
         logs = self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -156,7 +157,7 @@ class Service:
         )
         self._wait_ready(timeout_s)
         self.key = subprocess.run(
-            [sys.executable, "-m", "app.cli", "keys", "create", "--name", "bench"],
+            [sys.executable, "-m", "app.cli", "keys", "create", "--name", "bench", "--allow-code"],
             env=self.env, capture_output=True, text=True, check=True, preexec_fn=die_with_parent,
         ).stdout.strip().splitlines()[-1]
         self._wait_worker(timeout_s)

@@ -9,7 +9,9 @@ framework's weights load here.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -393,7 +395,7 @@ def losses(logits: jax.Array, y: jax.Array, task: str) -> tuple[jax.Array, jax.A
 
 
 def eval_metrics(
-    model: LayerModel, params: dict, x: jax.Array, y: jax.Array, task: str = "classification"
+    model: LayerModel | UserModule, params: dict, x: jax.Array, y: jax.Array, task: str = "classification"
 ) -> tuple[jax.Array, jax.Array]:
     """Traceable (mean loss, mean score) of `model` on x [N, D], y [N] (see `losses`: cross-entropy
     and accuracy, or squared and absolute error), EVAL_BATCH examples at a time (`jax.lax.map`
@@ -422,3 +424,103 @@ def evaluate(
     in [0, 1]) for classification, (squared error, absolute error) for regression."""
     loss, score = jax.jit(eval_metrics, static_argnums=(0, 4))(model, params, x, y, task)
     return float(loss), float(score)
+
+
+# --- user code: the user's own flax module ------------------------------------------------------
+
+# flax leaf -> PyTorch's name for it (user code's weights.safetensors); kernels are transposed too.
+_USER_LEAVES = {
+    ("params", "kernel"): "weight",
+    ("params", "scale"): "weight",
+    ("params", "embedding"): "weight",
+    ("batch_stats", "mean"): "running_mean",
+    ("batch_stats", "var"): "running_var",
+}
+
+
+@dataclass(frozen=True)
+class UserModule:
+    """The user's flax module as the trainer applies it: `apply(variables, x, train=..., **kw)`
+    passes `train` on only when the module's `__call__` takes it, and returns float32 outputs.
+    `dtype` bfloat16 (bf16): the params and the input are cast to it for the forward pass (the
+    params stay float32 in the state, so their gradients are float32 too)."""
+
+    module: nn.Module
+    takes_train: bool
+    dtype: Any = jnp.float32
+
+    @classmethod
+    def of(cls, module: Any, dtype: Any = jnp.float32) -> UserModule:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"the entrypoint returned a {type(module).__name__}, not a flax.linen Module")
+        parameters = inspect.signature(type(module).__call__).parameters
+        return cls(module, "train" in parameters, dtype)
+
+    def apply(self, variables: Mapping[str, Any], x: jax.Array, *, train: bool = False, **kwargs: Any) -> Any:
+        if self.dtype != jnp.float32:
+            variables = {**variables, "params": jax.tree.map(lambda p: p.astype(self.dtype), variables["params"])}
+            x = x.astype(self.dtype)
+        extra: dict[str, Any] = {"train": train} if self.takes_train else {}
+        out = self.module.apply(variables, x, **extra, **kwargs)
+        if kwargs.get("mutable"):
+            logits, updates = out
+            return jnp.asarray(logits, jnp.float32), updates
+        return jnp.asarray(out, jnp.float32)
+
+    def init(self, seed: int, input_shape: Sequence[int]) -> dict:
+        """The module's own initial variables from PRNGKey(seed), for a batch [1, prod(input_shape)]."""
+        x = jnp.zeros((1, int(np.prod(input_shape))), jnp.float32)
+        key = jax.random.PRNGKey(seed)
+        extra: dict[str, Any] = {"train": False} if self.takes_train else {}
+        return jax.device_get(dict(self.module.init({"params": key, "dropout": key}, x, **extra)))
+
+
+def _user_leaves(variables: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str, tuple[int, ...] | None]]:
+    """(the leaf's path in `variables`, its PyTorch-style name, the transpose to PyTorch's layout
+    or None) for each leaf of params and batch_stats: module names as the weights spell them
+    (`layers_0` -> `layers.0`), kernels as `weight` [out, in] (dense), OIHW (conv), scales as `weight`."""
+    found: list[tuple[tuple[str, ...], str, tuple[int, ...] | None]] = []
+
+    def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            if isinstance(value, Mapping):
+                walk(value, (*path, key))
+                continue
+            collection, modules = path[0], path[1:]
+            leaf = _USER_LEAVES.get((collection, key), key)
+            axes = _KERNEL_AXES.get(np.ndim(value)) if key == "kernel" else None
+            found.append(((*path, key), ".".join([*(_weights_segment(s) for s in modules), leaf]), axes))
+
+    walk({c: variables[c] for c in ("params", "batch_stats") if c in variables}, ())
+    return found
+
+
+# flax kernel -> PyTorch weight: [in, out] -> [out, in]; WIO -> OIW; HWIO -> OIHW; DHWIO -> OIDHW.
+_KERNEL_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 2, 0, 1), 5: (4, 3, 0, 1, 2)}
+
+
+def _leaf(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def user_weights(variables: Mapping[str, Any]) -> Weights:
+    """PyTorch-style float32 weights of a user module's params (and batch_stats), in its own order
+    (see _user_leaves): the names a torch module written the same way has in its state_dict."""
+    host = jax.device_get(dict(variables))
+    weights: Weights = {}
+    for path, name, axes in _user_leaves(host):
+        array = np.asarray(_leaf(host, path), dtype=np.float32)
+        weights[name] = np.ascontiguousarray(array if axes is None else array.transpose(axes))
+    return weights
+
+
+def with_user_weights(variables: Mapping[str, Any], weights: Weights) -> dict:
+    """`variables` with each leaf replaced by its PyTorch-style tensor in `weights`, laid out back
+    as flax has it: the inverse of `user_weights`."""
+    out = jax.tree.map(np.asarray, jax.device_get(dict(variables)))
+    for path, name, axes in _user_leaves(out):
+        array = np.asarray(weights[name], np.float32)
+        _leaf(out, path[:-1])[path[-1]] = array if axes is None else array.transpose(np.argsort(axes))
+    return out

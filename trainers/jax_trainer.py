@@ -63,13 +63,17 @@ from trainers.common import (
 from trainers.data import load_dataset
 from trainers.jax_models import (
     LayerModel,
+    UserModule,
     build,
     eval_metrics,
     losses,
+    user_weights,
     variables_from_weights,
     weights_from_params,
+    with_user_weights,
 )
 from trainers.spec import JobSpec
+from trainers.user_code import UserModel, shared_init
 
 if TYPE_CHECKING:  # for annotations only: no import at run time
     from jax.stages import Compiled
@@ -186,7 +190,7 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
         )
     )
     steps = len(dataset.x_train) // spec.batch_size
-    model = build_model(spec, dataset.outputs, dataset.input_shape)
+    model = build_model(spec, dataset.outputs, dataset.input_shape, options.user_model)
     state, learning_rate = create_train_state(spec, model, dataset.input_shape, dataset.outputs, steps, replicated)
     evaluate_program = (
         jax.jit(partial(eval_metrics, model, task=dataset.task))
@@ -198,6 +202,7 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
         privacy_clip_norm=spec.privacy.clip_norm if spec.privacy else None,
         privacy_noise_multiplier=spec.privacy.noise_multiplier if spec.privacy else 0.0,
         task=dataset.task,
+        loss=options.user_model.loss if options.user_model is not None else None,
     )
     return Run(
         mesh=mesh,
@@ -217,14 +222,20 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
     )
 
 
-def build_model(spec: JobSpec, outputs: int, input_shape: tuple[int, ...] = ()) -> LayerModel:
-    """The flax module; bf16: params and optimizer state stay float32, the model computes in bfloat16."""
-    return build(spec.model, outputs, jnp.bfloat16 if spec.precision == "bf16" else jnp.float32, input_shape or None)
+def build_model(
+    spec: JobSpec, outputs: int, input_shape: tuple[int, ...] = (), user_model: UserModel | None = None
+) -> LayerModel | UserModule:
+    """The flax module (user code: the entrypoint's, built with the input shape and outputs); bf16:
+    params and optimizer state stay float32, the model computes in bfloat16."""
+    dtype = jnp.bfloat16 if spec.precision == "bf16" else jnp.float32
+    if user_model is not None:
+        return UserModule.of(user_model.build(tuple(input_shape), outputs), dtype)
+    return build(spec.model, outputs, dtype, input_shape or None)
 
 
 def create_train_state(
     spec: JobSpec,
-    model: LayerModel,
+    model: LayerModel | UserModule,
     input_shape: int | tuple[int, ...],
     outputs: int,
     steps_per_epoch: int,
@@ -233,7 +244,7 @@ def create_train_state(
     """The initial TrainState of `model` (BatchNormTrainState with batch norm), placed with
     `sharding`, and the learning rate of each step. Initial weights come from numpy
     (common.init_weights), so a PyTorch job with this spec starts from the same ones."""
-    variables = variables_from_weights(init_weights(spec.model, input_shape, outputs, spec.seed))
+    variables = initial_variables(spec, model, input_shape, outputs)
     optimizer, learning_rate = make_optimizer(spec, steps_per_epoch)
     if "batch_stats" in variables:
         create = partial(
@@ -242,6 +253,21 @@ def create_train_state(
     else:
         create = partial(TrainState.create, apply_fn=model.apply, tx=optimizer)
     return jax.jit(create, out_shardings=sharding)(params=variables["params"]), learning_rate
+
+
+def initial_variables(
+    spec: JobSpec, model: LayerModel | UserModule, input_shape: int | tuple[int, ...], outputs: int
+) -> dict:
+    """The model's initial flax variables: from common.init_weights; user code: its own init from
+    PRNGKey(seed), or with init "shared" user_code.shared_init's (by PyTorch-style names)."""
+    if not isinstance(model, UserModule):
+        return variables_from_weights(init_weights(spec.model, input_shape, outputs, spec.seed))
+    variables = model.init(spec.seed, input_shape if isinstance(input_shape, tuple) else (input_shape,))
+    variables = {c: variables[c] for c in ("params", "batch_stats") if c in variables}
+    if spec.model.init == "shared":
+        shapes = {name: tuple(w.shape) for name, w in user_weights(variables).items()}
+        variables = with_user_weights(variables, shared_init(shapes, spec.seed))
+    return variables
 
 
 def resume(
@@ -355,9 +381,11 @@ def save_artifacts(
     preprocessing.json when the inputs were standardized) and params.msgpack: every collection
     the model needs, laid out as model.init returns them."""
     batch_stats = getattr(state, "batch_stats", None)
-    artifacts = write_common_artifacts(
-        workdir, weights_from_params(state.params, batch_stats), metrics, spec, preprocessing
-    )
+    if spec.model.user_code:  # its own names, in PyTorch's conventions (jax_models.user_weights)
+        weights = user_weights({"params": state.params, **({"batch_stats": batch_stats} if batch_stats else {})})
+    else:
+        weights = weights_from_params(state.params, batch_stats)
+    artifacts = write_common_artifacts(workdir, weights, metrics, spec, preprocessing)
     variables = {"params": state.params, **({"batch_stats": batch_stats} if batch_stats else {})}
     (workdir / PARAMS_FILE).write_bytes(to_bytes(jax.device_get(variables)))
     return [*artifacts, PARAMS_FILE]
@@ -382,6 +410,7 @@ class StepOptions:
     privacy_clip_norm: float | None = None
     privacy_noise_multiplier: float = 0.0
     task: str = "classification"
+    loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None  # user code's loss(logits, y)
 
 
 def train_step(
@@ -413,7 +442,8 @@ def train_step(
         else:
             logits, updates = state.apply_fn({"params": params}, x, train=True, rngs={"dropout": key}), None
         per_example, score = losses(logits, y, options.task)
-        return per_example.mean(), (score, updates)
+        loss = per_example.mean() if options.loss is None else options.loss(logits, y)
+        return loss, (score, updates)
 
     (loss, (score, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     correct = jnp.sum(score)

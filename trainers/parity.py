@@ -129,3 +129,69 @@ def _check(name: str, value: float, tolerance: float, measure: str) -> dict:
         "measure": measure,
         "passed": passed,
     }
+
+
+# User code: the test metric both runs end with may differ by at most this (accuracy in [0, 1];
+# for regression, test RMSE relative to the PyTorch run's). Agreeing on PREDICTION_AGREEMENT of
+# the test set implies accuracies within 1 - PREDICTION_AGREEMENT, so this is the weaker check.
+USER_ACCURACY_ATOL = 1 - PREDICTION_AGREEMENT
+USER_RMSE_RTOL = 0.05
+
+
+def names_compatible(jax_weights: dict[str, np.ndarray], torch_weights: dict[str, np.ndarray]) -> bool:
+    """Whether the two weights files name the same tensors with the same shapes (PyTorch's
+    conventions: the JAX side's are jax_models.user_weights'), so either loads into the other."""
+    return {n: tuple(w.shape) for n, w in jax_weights.items()} == {n: tuple(w.shape) for n, w in torch_weights.items()}
+
+
+def check_user_code(jax_run: dict, torch_run: dict, *, shared_init: bool, task: str = "classification") -> dict:
+    """Compare two runs of user code ({"first_step_loss", "train_losses", "weights", "result"}).
+
+    The service cannot run the user's modules outside their jobs' sandboxes, so the predictions
+    are not compared; instead (3) becomes: the final test accuracy agrees to USER_ACCURACY_ATOL
+    (regression: test RMSE to USER_RMSE_RTOL). (1) and (2) are checked, as for built-in models,
+    only when both start from the same weights: init "shared" and compatible parameter names.
+    Returns check's {"passed", "checks", "message"} and "export": {"compatible", "message"}."""
+    compatible = names_compatible(jax_run["weights"], torch_run["weights"])
+    checks = []
+    same_start = shared_init and compatible
+    if same_start:
+        first_diff = abs(jax_run["first_step_loss"] - torch_run["first_step_loss"])
+        checks.append(_check("first step loss", first_diff, FIRST_STEP_ATOL, "absolute difference"))
+        rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(jax_run["train_losses"], torch_run["train_losses"])]
+        checks.append(_check("epoch train loss", max(rel, default=0.0), EPOCH_LOSS_RTOL, "largest relative difference"))
+    if task == "regression":
+        a, b = jax_run["result"].get("test_rmse", math.nan), torch_run["result"].get("test_rmse", math.nan)
+        value = abs(a - b) / max(abs(b), 1e-12)
+        checks.append(_check("test rmse agrees", value, USER_RMSE_RTOL, "relative difference"))
+    else:
+        a, b = jax_run["result"].get("test_accuracy", math.nan), torch_run["result"].get("test_accuracy", math.nan)
+        checks.append(_check("test accuracy agrees", abs(a - b), USER_ACCURACY_ATOL, "absolute difference"))
+    failed = [c["name"] for c in checks if not c["passed"]]
+    if failed:
+        message = (
+            f"the two runs disagree ({', '.join(failed)}): your two modules did not train the same model, so "
+            "their speed and accuracy are not comparable"
+        )
+    elif same_start:
+        message = "both frameworks trained the same model (your code, from the same initial weights)"
+    else:
+        why = "init is 'module'" if compatible else "their parameters are named differently"
+        message = (
+            f"both frameworks reached the same test {'rmse' if task == 'regression' else 'accuracy'}; the losses "
+            f"were not compared step by step: the modules started from different weights ({why})"
+        )
+    if compatible:
+        export = {
+            "compatible": True,
+            "message": "the two modules name their parameters alike: either's weights load into the other",
+        }
+    else:
+        only = sorted(set(jax_run["weights"]) ^ set(torch_run["weights"]))[:6]
+        export = {
+            "compatible": False,
+            "message": "cross-framework export skipped: the jax and pytorch modules name or shape their parameters "
+            f"differently ({', '.join(only) or 'same names, other shapes'}); name them alike to load one's weights "
+            "into the other",
+        }
+    return {"passed": not failed, "checks": checks, "message": message, "export": export}

@@ -118,8 +118,22 @@ class ModelSpec(_Strict):
     entrypoint: Annotated[str, Field(pattern=ENTRYPOINT_PATTERN, max_length=200)] | None = _new(
         None, description="module:function of the code that returns the model (a torch.nn.Module, a flax module)."
     )
+    entrypoints: (
+        dict[Literal["jax", "pytorch"], Annotated[str, Field(pattern=ENTRYPOINT_PATTERN, max_length=200)]] | None
+    ) = _new(
+        None,
+        description='Comparisons: the module:function of each framework ({"jax": ..., "pytorch": ...}), in one upload.',
+    )
     kwargs: dict[Annotated[str, Field(max_length=100)], Any] | None = _new(
         None, description="JSON keyword arguments for the entrypoint (at most 4 KiB, nested at most 4 deep)."
+    )
+    init: Literal["module", "shared"] | None = _new(
+        None,
+        description=(
+            "User code: 'module' keeps the module's own initialisation (a job's default); 'shared' sets "
+            "every parameter from the seed by its PyTorch-style name and shape, so a JAX and a PyTorch "
+            "module that name their parameters alike start from the same weights (a comparison's default)."
+        ),
     )
 
     @model_validator(mode="before")
@@ -137,8 +151,10 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _knobs_fit_the_model(self) -> ModelSpec:
-        if self.code is not None or self.entrypoint is not None or self.kwargs is not None:
+        if self.code is not None or self.entrypoint is not None or self.entrypoints is not None:
             self._check_user_code()
+        elif self.kwargs is not None or self.init is not None:
+            raise ValueError("kwargs and init are for your own code: give code and entrypoint too")
         if self.name is None and self.layers is None and self.code is None:
             raise ValueError("give a preset's name (mlp, cnn, lenet5, resnet8) or your own layers")
         knobs = [k for k in ("hidden_sizes", "dropout", "batch_norm", "channels") if k in self.model_fields_set]
@@ -151,8 +167,11 @@ class ModelSpec(_Strict):
         return self
 
     def _check_user_code(self) -> None:
-        if self.code is None or self.entrypoint is None:
-            raise ValueError("user code needs both code (an id from GET /code) and entrypoint (module:function)")
+        if self.code is None or (self.entrypoint is None) == (self.entrypoints is None):
+            raise ValueError(
+                "user code needs code (an id from GET /code) and entrypoint (module:function; a comparison: "
+                "entrypoints {jax, pytorch}), not both entrypoint and entrypoints"
+            )
         knobs = [k for k in ("hidden_sizes", "dropout", "batch_norm", "channels") if k in self.model_fields_set]
         if knobs:
             raise ValueError(f"{', '.join(knobs)} are for presets mlp and cnn; pass them to your code in kwargs")
@@ -527,8 +546,8 @@ class JobSpec(TrainingSpec):
             _check_ddp(self)
         if self.model.user_code and self.devices > 1:
             raise ValueError("devices above 1 is not available for user code yet; use devices 1")
-        if self.model.user_code and self.framework == "jax":
-            raise ValueError("user code for framework jax (a flax module) is not available yet; use framework pytorch")
+        if self.model.entrypoints is not None:
+            raise ValueError("model.entrypoints is for comparisons: a job names its one function as model.entrypoint")
         if self.devices > 1 and self.compile and self.framework == "pytorch":
             raise ValueError(
                 "compile with devices above 1 is not available for pytorch (DDP runs eager); "
@@ -598,16 +617,24 @@ class ComparisonSpec(TrainingSpec):
 
     @model_validator(mode="after")
     def _pytorch_can_run_it(self) -> ComparisonSpec:
-        if self.model.user_code:
+        if self.model.user_code and set(self.model.entrypoints or {}) != set(FRAMEWORKS):
             raise ValueError(
-                "comparisons of user code are not available yet: submit a jax and a pytorch job (POST /jobs)"
+                "a comparison of your code needs a function for each framework: model.entrypoints "
+                '{"jax": "module:function", "pytorch": "module:function"} (in the same upload)'
             )
         _check_ddp(self)
         return self
 
     def for_framework(self, framework: str) -> JobSpec:
+        """The comparison's job in `framework`; user code: that framework's entrypoint, with the
+        comparison's init ("shared" unless it says "module")."""
+        data = self.model_dump()
+        if self.model.entrypoints is not None:
+            model = {k: v for k, v in data["model"].items() if k != "entrypoints"}
+            model |= {"entrypoint": self.model.entrypoints[framework], "init": self.model.init or "shared"}  # type: ignore[index]
+            data["model"] = model
         # Callers pass a str from FRAMEWORKS; pydantic checks it is a Framework when it validates.
-        return JobSpec(framework=framework, **self.model_dump())  # type: ignore[arg-type]
+        return JobSpec(framework=framework, **data)  # type: ignore[arg-type]
 
 
 def _shape(spec: TrainingSpec) -> DataShape:

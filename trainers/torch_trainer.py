@@ -59,6 +59,7 @@ from trainers.torch_models import (
     task_loss,
     weights_from_state_dict,
 )
+from trainers.user_code import shared_init
 
 if TYPE_CHECKING:  # for annotations only: torch_ddp imports this module, and dynamo is heavy
     from torch._dynamo.callback import CallbackArgs
@@ -228,7 +229,12 @@ def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run
     data = load_dataset(spec.dataset, options.data_dir, options.dataset_file)
     if options.user_model is not None:  # user code: its own module, torch's initialisation from the seed
         torch.manual_seed(spec.seed)
-        model = world.prepare(options.user_model.build(tuple(data.input_shape), data.outputs).to(device))
+        model = options.user_model.build(tuple(data.input_shape), data.outputs)
+        if spec.model.init == "shared":  # the weights a JAX module naming its parameters alike gets
+            shapes = {name: tuple(w.shape) for name, w in weights_from_state_dict(model).items()}
+            shared = shared_init(shapes, spec.seed)
+            model.load_state_dict({name: torch.from_numpy(w) for name, w in shared.items()}, strict=False)
+        model = world.prepare(model.to(device))
     else:
         # Initial weights come from numpy so a JAX job with this spec starts from the same ones.
         weights = init_weights(spec.model, data.input_shape, data.outputs, spec.seed)

@@ -7,12 +7,16 @@ Framework-free: the trainers call `UserModel.build` and `UserModel.loss` with th
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import traceback
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 MAX_FRAMES = 20
 MAX_MESSAGE_CHARS = 2000
@@ -54,3 +58,29 @@ def describe(exc: BaseException, code_dir: Path) -> dict[str, str]:
     ][-MAX_FRAMES:]
     message = f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE_CHARS]
     return {"exception": type(exc).__name__, "message": message, "traceback": "\n".join(frames)}
+
+
+def shared_init(shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """Framework-neutral initial values for parameters named and shaped as PyTorch's (`hidden.weight`
+    [out, in], ...), each a function of (seed, name, shape) only, so a JAX and a PyTorch module that
+    name their parameters alike start from the same weights (a comparison's `init: "shared"`).
+
+    PyTorch's defaults for nn.Linear and nn.ConvNd: a weight of 2+ dimensions ~ U(-b, b) with
+    b = 1/sqrt(fan_in), fan_in = prod(shape[1:]); its bias (`<prefix>.bias`) the same bound; a
+    1-D `weight` with no such sibling (a norm's scale) ones, and any other 1-D tensor zeros;
+    `running_var` ones, `running_mean` zeros."""
+    values: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        prefix, _, leaf = name.rpartition(".")
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        sibling = shapes.get(f"{prefix}.weight" if prefix else "weight", ())
+        if len(shape) >= 2:
+            bound = 1.0 / math.sqrt(max(1, math.prod(shape[1:])))
+        elif leaf == "bias" and len(sibling) >= 2:
+            bound = 1.0 / math.sqrt(max(1, math.prod(sibling[1:])))
+        else:
+            fill = 1.0 if leaf in ("weight", "running_var") else 0.0
+            values[name] = np.full(shape, fill, np.float32)
+            continue
+        values[name] = rng.uniform(-bound, bound, size=shape).astype(np.float32)
+    return values

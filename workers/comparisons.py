@@ -37,9 +37,23 @@ def settle(job_id: str) -> None:
         spec = ComparisonSpec.model_validate(comparison.spec)
         runs = [_run(job) for job in sides]
         comparison_id = comparison.id
+    if spec.model.user_code:  # its modules run only in their jobs' sandboxes: no predictions here
+        shared = (spec.model.init or "shared") == "shared"
+        task = "regression" if "test_rmse" in runs[1]["result"] else "classification"
+        result = parity.check_user_code(runs[0], runs[1], shared_init=shared, task=task)
+    else:
+        result = _check_built_in(spec, runs)
+    with session_scope() as session:
+        session.execute(update(Comparison).where(Comparison.id == comparison_id).values(parity=result))
+        session.commit()
+    log.info("comparison %s parity: %s", comparison_id, result["message"])
+
+
+def _check_built_in(spec: ComparisonSpec, runs: list[dict]) -> dict:
+    """parity.check of the two runs, on the test set both trained for."""
     dataset_file, _ = dataset_cache.fetch_for(spec)
     data = load_dataset(spec.dataset, get_settings().data_dir, dataset_file)
-    result = parity.check(
+    return parity.check(
         runs[0],
         runs[1],
         data.x_test,
@@ -49,10 +63,6 @@ def settle(job_id: str) -> None:
         input_shape=data.input_shape,
         layers=layers_of(spec.model, data.outputs),
     )
-    with session_scope() as session:
-        session.execute(update(Comparison).where(Comparison.id == comparison_id).values(parity=result))
-        session.commit()
-    log.info("comparison %s parity: %s", comparison_id, result["message"])
 
 
 def _run(job: Job) -> dict:
@@ -62,4 +72,5 @@ def _run(job: Job) -> dict:
         "first_step_loss": (job.result or {}).get("first_step_loss", float("nan")),
         "train_losses": [m.train_loss for m in job.metrics],
         "weights": load(storage.read_bytes(locations["weights.safetensors"])),
+        "result": job.result or {},
     }

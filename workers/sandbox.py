@@ -87,6 +87,7 @@ def clean_env(workdir: Path, threads: int, extra: dict[str, str] | None = None) 
         "LANG": "C.UTF-8",
         "OMP_NUM_THREADS": str(threads),
         "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",  # its prints reach the worker (and the `log` events) as they happen
     }
     return {**env, **(extra or {})}
 
@@ -98,6 +99,8 @@ def readable_roots(extra: Iterable[Path] = ()) -> list[Path]:
 
     roots = [Path(sys.base_prefix), Path(sys.prefix), Path(trainers.__file__).parent]
     roots += [Path(p) for p in ("/usr", "/lib", "/lib64", "/bin", "/etc", "/sys", "/dev/null", "/dev/urandom")]
+    # The one file of /proc it reads: XLA's CPU kernels (YNNPACK's cpuinfo) fail without it.
+    roots.append(Path("/proc/cpuinfo"))
     roots += list(extra)
     return [root for root in dict.fromkeys(r.resolve() for r in roots) if root.exists()]
 

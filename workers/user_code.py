@@ -22,14 +22,19 @@ import stat
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, BinaryIO
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from app import storage
 from app.code.package import _checked_name
 from app.config import get_settings
 from app.db import session_scope
-from app.models import CodeUpload
+from app.models import CodeUpload, JobLog
 from trainers.base import METRIC_FIELDS, EpochMetrics, FitResult
 from trainers.spec import JobSpec
 from workers import sandbox
@@ -49,6 +54,9 @@ ARTIFACT_NAMES = (
     "spec.json",
     "preprocessing.json",
 )
+LOG_EVENT_BYTES = 256 * 1024  # of the child's output streamed as `log` events (logs.txt keeps more)
+LOG_LINE_CHARS = 4000  # a longer line is streamed in pieces of this many characters
+LOG_FLUSH_S = 1.0  # the worker stores the lines read at most this often (one row each time)
 START_SLACK_CPU_S = 120  # CPU seconds of the child's start (imports, data) on top of max_runtime_s
 
 
@@ -58,17 +66,42 @@ class UserCodeFailed(Exception):
 
 
 class _Drain(threading.Thread):
-    """Read the child's stdout+stderr to its end, keeping the first LOG_BYTES."""
+    """Read the child's stdout+stderr to its end, keeping the first LOG_BYTES, and its whole lines
+    (the first LOG_EVENT_BYTES, each cut at LOG_LINE_CHARS) for `take_lines`."""
 
     def __init__(self, stream: IO[bytes]) -> None:
         super().__init__(daemon=True)
         self.stream, self.kept, self.dropped = stream, bytearray(), 0
+        self.lock, self.streamed = threading.Lock(), 0
+        self.lines: list[str] = []
+        self.partial = b""
 
     def run(self) -> None:
-        while chunk := self.stream.read(65536):
+        # os.read returns what is there: the buffered read(n) would wait for n bytes or the end.
+        while chunk := os.read(self.stream.fileno(), 65536):
             room = LOG_BYTES - len(self.kept)
             self.kept += chunk[:room]
             self.dropped += max(0, len(chunk) - room)
+            self._split(chunk)
+        self._split(b"\n" if self.partial else b"")
+
+    def _split(self, chunk: bytes) -> None:
+        *whole, self.partial = (self.partial + chunk).split(b"\n")
+        if len(self.partial) > LOG_LINE_CHARS:  # a line without end: sent in pieces
+            whole, self.partial = [*whole, self.partial], b""
+        with self.lock:
+            for line in whole:
+                if self.streamed >= LOG_EVENT_BYTES:
+                    return
+                text = line.decode(errors="replace")[:LOG_LINE_CHARS]
+                self.lines.append(text)
+                self.streamed += len(text) + 1
+
+    def take_lines(self) -> list[str]:
+        """The whole lines read since the last call."""
+        with self.lock:
+            lines, self.lines = self.lines, []
+        return lines
 
     def text(self) -> bytes:
         tail = f"\n[trainhub: {self.dropped:,} more bytes of output were dropped]\n" if self.dropped else ""
@@ -120,23 +153,52 @@ def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Pat
     drain.start()
     done = False
     try:
-        result = _follow(child, os.fdopen(read_end, "rb"), hooks, workdir, settings.user_code_file_bytes)
+        logs = partial(_store_lines, job_id, drain)
+        result = _follow(child, os.fdopen(read_end, "rb"), hooks, workdir, settings.user_code_file_bytes, logs)
         done = True
         return result
     finally:
         _kill(child, done)
         drain.join(timeout=10)
+        _store_lines(job_id, drain)  # the last lines, stored before the job's end
         (workdir / LOG_FILE).write_bytes(drain.text())
         log.info("job %s: user code's child %d ended with %s", job_id, child.pid, child.returncode)
 
 
-def _follow(child: subprocess.Popen, channel: BinaryIO, hooks: Any, workdir: Path, max_file_bytes: int) -> FitResult:
-    """Read the child's messages until its result; between them, let the hooks stop the run."""
+def _store_lines(job_id: str, drain: _Drain) -> None:
+    """Store the lines the child printed since the last call as one job_logs row (its streams send
+    it as a `log` event). Only a hint: a database error loses these lines from the stream, not
+    from logs.txt, and never fails the job."""
+    lines = drain.take_lines()
+    if not lines:
+        return
+    try:
+        with session_scope() as session:
+            session.add(JobLog(job_id=job_id, text="\n".join(lines) + "\n"))
+            session.commit()
+    except SQLAlchemyError as error:
+        log.warning("job %s: %d lines of its output were not streamed: %s", job_id, len(lines), type(error).__name__)
+
+
+def _follow(
+    child: subprocess.Popen,
+    channel: BinaryIO,
+    hooks: Any,
+    workdir: Path,
+    max_file_bytes: int,
+    store_lines: Callable[[], None] = lambda: None,
+) -> FitResult:
+    """Read the child's messages until its result; between them, let the hooks stop the run and
+    store what it printed (`store_lines`, every LOG_FLUSH_S)."""
     metrics: list[EpochMetrics] = []
+    next_flush = time.monotonic() + LOG_FLUSH_S
     with channel:
         while True:
             ready, _, _ = select.select([channel], [], [], 0.25)
             hooks.should_stop()
+            if time.monotonic() >= next_flush:
+                store_lines()
+                next_flush = time.monotonic() + LOG_FLUSH_S
             if not ready:
                 continue
             line = channel.readline(MAX_LINE_BYTES)

@@ -9,6 +9,8 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from app import comparisons as service
 from app import jobs, limits, rendering
 from app.api import json_response
+from app.code import records as code_records
+from app.config import get_settings
 from app.datasets import records
 from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
@@ -38,6 +40,7 @@ def create_comparison(spec: ComparisonSpec, session: SessionDep, user: Submitter
     `POST /jobs`. A `webhook_url` gets the status changes of both jobs (each event names the
     comparison)."""
     spec = limits.capped_priority(spec, user)
+    code_records.check_job(session, user, spec, None, get_settings())
     spec = cast(ComparisonSpec, limits.apply_limits(records.with_dataset(session, user, spec), caller=user))
     registration.check_spec(session, user, spec)
     comparison = service.create_comparison(session, user, spec)

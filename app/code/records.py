@@ -160,8 +160,9 @@ def render(row: CodeUpload) -> dict[str, Any]:
 
 def check_job(session: Session, owner: Caller, spec: TrainingSpec, framework: str | None, settings: Settings) -> None:
     """For a spec whose model is user code: 403 unless the deployment and key allow it; 422 (loc
-    body.model.<field>) when the code is not the key's, the entrypoint is not one of its
-    top-level functions, or it builds for the other framework (as far as its source says)."""
+    body.model.<field>) when the code is not the key's, an entrypoint is not one of its top-level
+    functions, or it builds for another framework than its job's (as far as its source says). A
+    comparison (`framework` None) names one entrypoint per framework in model.entrypoints."""
     model = spec.model
     if model.code is None:
         return
@@ -169,21 +170,29 @@ def check_job(session: Session, owner: Caller, spec: TrainingSpec, framework: st
     row = find(session, owner, model.code)
     if row is None or row.owner_id != owner.id:
         _invalid("code", f"code {model.code} not found: GET /code lists the code this key uploaded")
-    assert row is not None and model.entrypoint is not None  # the spec pairs them
-    if model.entrypoint not in row.entrypoints:
+    assert row is not None
+    if model.entrypoints is not None:
+        for fw, entrypoint in model.entrypoints.items():
+            _check_entrypoint(row, entrypoint, fw, ["entrypoints", fw])
+    else:
+        assert model.entrypoint is not None  # the spec pairs code with one of them
+        _check_entrypoint(row, model.entrypoint, framework, ["entrypoint"])
+
+
+def _check_entrypoint(row: CodeUpload, entrypoint: str, framework: str | None, loc: list[str]) -> None:
+    if entrypoint not in row.entrypoints:
         listed = ", ".join(sorted(row.entrypoints)[:20]) or "none"
-        _invalid(
-            "entrypoint",
-            f"code {row.id} has no top-level function {model.entrypoint!r} (module:function); it has: {listed}",
-        )
-    builds = row.entrypoints[model.entrypoint]
+        _invalid(loc, f"code {row.id} has no top-level function {entrypoint!r} (module:function); it has: {listed}")
+    builds = row.entrypoints[entrypoint]
     if framework is not None and builds is not None and builds != framework:
+        where = "the job's framework" if loc == ["entrypoint"] else "this entrypoint's framework"
         _invalid(
-            "entrypoint",
-            f"{model.entrypoint} builds a {builds} model (its source uses {builds}'s modules) but the job's "
-            f"framework is {framework}; set framework to {builds} or name another entrypoint",
+            loc,
+            f"{entrypoint} builds a {builds} model (its source uses {builds}'s modules) but {where} is "
+            f"{framework}; name a function that builds a {framework} model",
         )
 
 
-def _invalid(field: str, message: str) -> None:
-    raise RequestValidationError([{"type": "value_error", "loc": ["body", "model", field], "msg": message}])
+def _invalid(field: str | list[str], message: str) -> None:
+    loc = ["body", "model", *([field] if isinstance(field, str) else field)]
+    raise RequestValidationError([{"type": "value_error", "loc": loc, "msg": message}])

@@ -20,9 +20,12 @@ def trainhub(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 
 @contextmanager
-def user_shell(database_url: str, redis_url: str, root: Path, name: str, **extra: str) -> Iterator[dict[str, str]]:
+def user_shell(
+    database_url: str, redis_url: str, root: Path, name: str, key_options: tuple[str, ...] = (), **extra: str
+) -> Iterator[dict[str, str]]:
     """The environment of a shell with TRAINHUB_API_URL and a new TRAINHUB_API_KEY (named
-    `name`), the API running until the block ends; `extra` are more environment variables."""
+    `name`, made with `keys create` and `key_options`), the API running until the block ends;
+    `extra` are more environment variables."""
     env = {
         **os.environ,
         "TRAINHUB_DATABASE_URL": database_url,
@@ -40,7 +43,7 @@ def user_shell(database_url: str, redis_url: str, root: Path, name: str, **extra
     )
     try:
         stack.wait_ready()
-        created = trainhub(env, "keys", "create", "--name", name)
+        created = trainhub(env, "keys", "create", "--name", name, *key_options)
         assert created.returncode == 0, created.stdout + created.stderr
         yield {**env, "TRAINHUB_API_URL": stack.url, "TRAINHUB_API_KEY": created.stdout.strip().splitlines()[-1]}
     finally:

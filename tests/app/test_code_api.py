@@ -206,7 +206,12 @@ def test_jobs_name_the_keys_code_and_an_entrypoint_of_the_right_framework(api, c
     loc, msg = refusal({**job, "model": {"code": flax["id"], "entrypoint": "flaxmodel:build"}})
     assert loc == ["body", "model", "entrypoint"] and "builds a jax model" in msg
     loc, msg = refusal({**job, "framework": "jax"})
-    assert "not available yet" in msg
+    assert loc == ["body", "model", "entrypoint"] and "builds a pytorch model" in msg
+    flax_job = api.post("/jobs", json={**job, "framework": "jax", "model": {"code": flax["id"], "entrypoint": "flaxmodel:build"}}, headers=owner)
+    assert flax_job.status_code == 201, flax_job.text
+    api.post(f"/jobs/{flax_job.json()['id']}/cancel", headers=owner)  # the database is shared: leave no queue
+    loc, msg = refusal({**job, "model": {**model, "entrypoints": {"jax": "model:build", "pytorch": "model:build"}}})
+    assert "entrypoint" in msg
     loc, msg = refusal({**job, "model": {**model, "entrypoint": "model:nothing"}})
     assert loc == ["body", "model", "entrypoint"] and "model:build" in msg
     loc, msg = refusal(job, other)
@@ -242,3 +247,37 @@ def test_an_admin_grants_and_revokes_the_permission_with_the_cli(api, code_env, 
     assert post_code(api, auth, unique().encode()).status_code == 403
     assert cli("code", prefix, "--allow").returncode == 0
     assert post_code(api, auth, unique().encode()).status_code == 201
+
+
+def test_a_comparison_names_a_jax_and_a_pytorch_entrypoint_of_one_upload(api, code_key):
+    owner = code_key("comparer")
+    files = io.BytesIO()
+    with zipfile.ZipFile(files, "w") as archive:
+        archive.writestr("nets/torchnet.py", unique(TORCH_MODEL))
+        archive.writestr("nets/flaxnet.py", FLAX_MODEL)
+        archive.writestr("nets/__init__.py", "")
+    code = post_code(api, owner, files.getvalue(), filename="nets.zip").json()
+    assert code["entrypoints"]["nets.torchnet:build"] == "pytorch" and code["entrypoints"]["nets.flaxnet:build"] == "jax"
+    model = {"code": code["id"], "entrypoints": {"jax": "nets.flaxnet:build", "pytorch": "nets.torchnet:build"}}
+    body = {"dataset": {"name": "digits"}, "epochs": 1, "model": model}
+    created = api.post("/comparisons", json=body, headers=owner)
+    assert created.status_code == 201, created.text
+    jobs = created.json()["jobs"]
+    assert jobs["jax"]["spec"]["model"] == {"code": code["id"], "entrypoint": "nets.flaxnet:build", "init": "shared"}
+    assert jobs["pytorch"]["spec"]["model"]["entrypoint"] == "nets.torchnet:build"
+    own = api.post("/comparisons", json={**body, "model": {**model, "init": "module"}}, headers=owner).json()
+    assert own["jobs"]["jax"]["spec"]["model"]["init"] == "module"
+    for made in (created.json(), own):
+        api.post(f"/comparisons/{made['id']}/cancel", headers=owner)
+
+    def refusal(model: dict) -> tuple[list, str]:
+        response = api.post("/comparisons", json={**body, "model": model}, headers=owner)
+        assert response.status_code == 422, response.text
+        return response.json()["detail"][0]["loc"], response.json()["detail"][0]["msg"]
+
+    loc, msg = refusal({**model, "entrypoints": {"jax": "nets.torchnet:build", "pytorch": "nets.torchnet:build"}})
+    assert loc == ["body", "model", "entrypoints", "jax"] and "builds a pytorch model" in msg
+    loc, msg = refusal({"code": code["id"], "entrypoint": "nets.torchnet:build"})
+    assert "a function for each framework" in msg
+    loc, msg = refusal({**model, "entrypoints": {"pytorch": "nets.torchnet:build"}})
+    assert "a function for each framework" in msg

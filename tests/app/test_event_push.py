@@ -137,6 +137,11 @@ def test_an_idle_stream_costs_no_query_and_an_epoch_reaches_it_at_once(quiet_api
 
 def test_a_waiting_job_is_told_when_the_job_ahead_starts(api, auth, rows, slow_polls, monkeypatch):
     from app import jobs
+    from app.db import session_scope
+
+    with session_scope() as session:  # only this test's jobs wait (earlier tests may leave some)
+        session.execute(text("UPDATE jobs SET status = 'cancelled' WHERE status = 'queued'"))
+        session.commit()
 
     # a worker serves cpu.jax, so both jobs wait for it, one behind the other
     monkeypatch.setattr(jobs, "online_queues", lambda _session: {"cpu.jax"})

@@ -127,6 +127,10 @@ def test_quick_run_goes_through_the_service(quick):
         assert job["status"] == "succeeded"
         assert job["submit_to_done_s"] >= job["timings"]["setup_s"] + job["timings"]["train_s"]
     assert service["compile_cache"]["first_compile_s"] > 0
+    user = service["user_code"]  # the built-in pytorch MLP written as user code, through the sandbox
+    assert [job["status"] for job in user["jobs"]] == ["succeeded", "succeeded"]
+    assert user["ratio"] == pytest.approx(user["steady_epoch_s"] / user["builtin_steady_epoch_s"])
+    assert "child_start_s" in user
     assert service["rss"]["jobs"] == results["config"]["rss_jobs"]
     assert service["rss"]["first_bytes"] > 0 and service["rss"]["last_bytes"] > 0
     # The load: every accepted job stored and queued exactly once, then cleaned up.
@@ -359,6 +363,7 @@ def test_verdicts_pass_fail_and_not_measured():
     assert verdicts["final test accuracy, PyTorch trainer, compile vs seed"] is False  # 0.02 apart
     assert verdicts["cost linear in samples, jax"] is True
     assert verdicts["service overhead, warm worker"] is None
+    assert verdicts["user-code MLP's steady s/epoch, warm worker"] is None
     assert verdicts["POST /jobs accepted rate"] is None
     assert verdicts["API RSS growth during a large upload"] is None
     lines = report.criteria_lines(report.criteria(results))

@@ -1,5 +1,5 @@
-"""Users' own model code through the whole service: a torch module uploaded and trained on digits by
-our loop in a sandboxed child process, and hostile code (reading the environment, another job's
+"""Users' own model code through the whole service: a torch and a flax module uploaded and trained on
+digits by our loops in a sandboxed child process, the two compared with parity passing, and hostile code (reading the environment, another job's
 files, the database port, too much memory, a huge file, a sleep past max_runtime_s) contained
 with a clear error type while the worker keeps serving."""
 
@@ -41,6 +41,44 @@ MODEL = textwrap.dedent('''
 
     def loss(logits, targets):
         return nn.functional.cross_entropy(logits, targets, label_smoothing=0.0)
+''')
+
+# The same MLP written both ways, with the same parameter names (hidden.weight, out.bias, ...).
+PAIR = textwrap.dedent('''
+    import math
+
+    import flax.linen as fnn
+    import jax
+    import torch
+    from torch import nn
+
+
+    class FlaxMLP(fnn.Module):
+        hidden: int
+        classes: int
+
+        @fnn.compact
+        def __call__(self, x, train: bool = False):
+            print("flax module called with", x.shape)
+            return fnn.Dense(self.classes, name="out")(jax.nn.relu(fnn.Dense(self.hidden, name="hidden")(x)))
+
+
+    class TorchMLP(nn.Module):
+        def __init__(self, features, hidden, classes):
+            super().__init__()
+            self.hidden = nn.Linear(features, hidden)
+            self.out = nn.Linear(hidden, classes)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.hidden(x)))
+
+
+    def flax_mlp(input_shape, num_classes, hidden=32):
+        return FlaxMLP(hidden, num_classes)
+
+
+    def torch_mlp(input_shape, num_classes, hidden=32):
+        return TorchMLP(math.prod(input_shape), hidden, num_classes)
 ''')
 
 HOSTILE = textwrap.dedent('''
@@ -167,3 +205,75 @@ def test_cancel_stops_a_user_code_job_in_its_child(code_service, tmp_path):
         client.cancel(submitted["id"])
         ended = client.wait(submitted["id"], timeout_s=60)
         assert ended["status"] == "cancelled"
+
+
+def test_a_flax_module_trains_and_a_pair_compares_with_parity(code_service, tmp_path):
+    with code_client(code_service) as client:
+        code = upload(client, tmp_path, "pair", PAIR)
+        flax_job = {**job(code, "pair:flax_mlp", kwargs={"hidden": 32}), "framework": "jax"}
+        trained = client.wait(client.submit(flax_job)["id"], timeout_s=400)
+        assert trained["status"] == "succeeded", trained["error"]
+        assert [m["epoch"] for m in trained["metrics"]] == [1, 2, 3]
+        assert trained["result"]["test_accuracy"] > 0.8
+        assert trained["timings"]["compile_s"] > 0
+        assert {"weights.safetensors", "params.msgpack", "logs.txt"} <= {a["name"] for a in trained["artifacts"]}
+        assert "flax module called with" in client.download(trained["id"], "logs.txt", tmp_path / "flax").read_text()
+
+        model = {"code": code["id"], "entrypoints": {"jax": "pair:flax_mlp", "pytorch": "pair:torch_mlp"}}
+        spec = {"dataset": {"name": "digits"}, "batch_size": 64, "epochs": 2, "model": model}
+        comparison = client.compare(spec)
+        ended = client.wait_comparison(comparison["id"], timeout_s=600)
+        assert ended["status"] == "succeeded", (ended["error"], ended["parity"])
+        parity = ended["parity"]
+        assert parity["passed"] and {c["name"] for c in parity["checks"]} == {
+            "first step loss", "epoch train loss", "test accuracy agrees"
+        }
+        assert parity["export"]["compatible"] is True
+
+
+CHATTY = textwrap.dedent('''
+    import math
+    import time
+
+    from torch import nn
+
+
+    class Slow(nn.Module):
+        def __init__(self, features, classes):
+            super().__init__()
+            self.steps, self.out = 0, nn.Linear(features, classes)
+
+        def forward(self, x):
+            if self.training:
+                self.steps += 1
+                print("step", self.steps, flush=False)
+                time.sleep(0.1)  # an epoch of 22 steps takes over 2 s: lines are stored as it runs
+            return self.out(x)
+
+
+    def build(input_shape, num_classes):
+        return Slow(math.prod(input_shape), num_classes)
+''')
+
+
+def test_what_user_code_prints_is_streamed_as_log_events_while_it_runs(code_service, tmp_path):
+    with code_client(code_service) as client:
+        code = upload(client, tmp_path, "chatty", CHATTY)
+        submitted = client.submit(job(code, "chatty:build"))
+        events = list(client.events(submitted["id"]))
+        assert events[-1].data["status"] == "succeeded", events[-1].data
+        # The stored story keeps its numbers: queued 0, running 1, epochs 2..4, the end 5.
+        assert [int(e.id) for e in events if e.id is not None] == [0, 1, 2, 3, 4, 5]
+        logs = [e for e in events if e.event == "log"]
+        assert logs and all(e.id is None for e in logs)
+        lines = "".join(e.data["text"] for e in logs).splitlines()
+        assert [line for line in lines if line.startswith("step")] == [f"step {i}" for i in range(1, 3 * 22 + 1)]
+        # Some arrived while it ran: before the metrics of its last epoch.
+        last_epoch = next(i for i, e in enumerate(events) if e.event == "metrics" and e.data["epoch"] == 3)
+        assert events.index(logs[0]) < last_epoch
+
+        # A reconnection (Last-Event-ID) is not sent them again; a fresh connection is.
+        again = list(client.events(submitted["id"], last_event_id="4"))
+        assert [e.event for e in again] == ["status"]
+        replayed = [e for e in client.events(submitted["id"]) if e.event == "log"]
+        assert "".join(e.data["text"] for e in replayed).splitlines() == lines

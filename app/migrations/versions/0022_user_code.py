@@ -34,9 +34,25 @@ def upgrade() -> None:
     op.create_index("ix_code_uploads_owner_id_created_at", "code_uploads", ["owner_id", "created_at"])
     op.add_column("jobs", sa.Column("code_id", sa.String(40), nullable=True))
     op.create_index("ix_jobs_code_id", "jobs", ["code_id"])
+    # What a user-code job's child prints, streamed as `log` events while it runs (app/events.py).
+    op.create_table(
+        "job_logs",
+        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("job_id", sa.String(36), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("text", sa.Text(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    op.create_index("ix_job_logs_job_id", "job_logs", ["job_id"])
+    if op.get_bind().dialect.name == "postgresql":  # wakes the job's streams, as a metrics row does (0021)
+        op.execute(
+            "CREATE TRIGGER trainhub_notify_log_written AFTER INSERT ON job_logs "
+            "FOR EACH ROW EXECUTE FUNCTION trainhub_notify_epoch()"
+        )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_job_logs_job_id", "job_logs")
+    op.drop_table("job_logs")  # its trigger goes with it
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.drop_index("ix_jobs_code_id")
         batch_op.drop_column("code_id")

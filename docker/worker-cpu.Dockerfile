@@ -2,7 +2,10 @@
 # of CUDA libraries a cpu worker never loads). One container per worker; `--devices` pins it
 # to cores (CPU affinity and thread counts). Build from the repository root:
 #   docker build -f docker/worker-cpu.Dockerfile -t trainhub-worker-cpu .
-FROM python:3.11-slim-bookworm
+# The base: python:3.11-slim-bookworm, or any Debian bookworm with Python 3.11 as `python` and
+# `pip` (docker/local-base.sh makes one from the Debian mirror alone: TRAINHUB_BASE_IMAGE).
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Fashion-MNIST as Debian packages it (IDX files under /usr/share/datasets/fashion-mnist).
@@ -15,11 +18,17 @@ COPY pyproject.toml README.md ./
 COPY app ./app
 COPY trainers ./trainers
 COPY workers ./workers
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[train]" \
+# EXTRAS=jax builds a JAX-only worker (no torch, no PyTorch index; it serves cpu.jax alone).
+ARG EXTRAS=train
+RUN case ",$EXTRAS," in *,train,*|*,pytorch,*) torch_index="https://download.pytorch.org/whl/cpu" ;; *) torch_index= ;; esac \
+ && pip install ${torch_index:+--extra-index-url "$torch_index"} ".[$EXTRAS]" \
  && useradd --system --uid 10001 --home-dir /srv/trainhub trainhub \
- && mkdir -p /srv/trainhub/var /srv/trainhub/artifacts \
+ && mkdir -p /srv/trainhub/var/jax-cache /srv/trainhub/artifacts \
  && chown -R trainhub /srv/trainhub
 
+# jax-cache exists (owned by trainhub) so that a volume mounted on it starts writable, as the
+# compose file's jax-cache volume does: a missing mount point is made root's, and JAX then
+# quietly keeps no compiled programs.
 USER trainhub
 ENV TRAINHUB_VAR_DIR=/srv/trainhub/var \
     TRAINHUB_ARTIFACT_DIR=/srv/trainhub/artifacts

@@ -7,6 +7,7 @@ the epoch ends, so the host waits for the device once per epoch.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -50,6 +51,8 @@ if TYPE_CHECKING:  # for annotations only: torch_ddp imports this module, and dy
     from torch._dynamo.callback import CallbackArgs
 
     from trainers.torch_ddp import Group
+
+log = logging.getLogger(__name__)
 
 STOP_CHECK_STEPS = 50  # ask should_stop every this many steps, as the JAX trainer does per chunk
 # ...or, on one device, once this many seconds passed since the last ask (slow steps: a large model)
@@ -245,6 +248,7 @@ def resume(workdir: Path, run: Run, report: Report) -> tuple[list[EpochMetrics],
     died before it stored them); else no metrics and NaN (the parity check compares it)."""
     if resumed := torch_checkpoint.restore(workdir, run.model, run.optimizer, run.scheduler):
         metrics, first_loss = resumed
+        log.info("resuming from the checkpoint of epoch %d in %s", len(metrics), workdir)
         for done in metrics:
             report(done.epoch, done)
         return metrics, torch.tensor(first_loss, device=run.device)

@@ -15,7 +15,7 @@
    the published API port, run on the worker container to `succeeded`, and its
    weights.safetensors downloaded and checked (sha256 and the MLP's tensor shapes);
 4. a longer job, and the worker container restarted (`podman-compose restart`, SIGTERM with the
-   stop_grace_period) in its third epoch: the job goes back to the queue, the restarted worker
+   stop_grace_period) after its first epoch: the job goes back to the queue, the restarted worker
    resumes it from its checkpoint on the shared artifact volume (it records no epoch twice) and
    it succeeds with every epoch recorded once (attempts 2);
 5. down: `podman-compose down -v`, then no container, volume or network of the project is left.
@@ -55,10 +55,15 @@ LOCAL_IMAGES = {
     "TRAINHUB_REDIS_IMAGE": "localhost/trainhub-redis:7",
 }
 # Digits (bundled with scikit-learn): seconds. The second job is Fashion-MNIST, long enough for a
-# restart to land mid-run (~1 s an epoch on one shared core) and the 784-256-128-10 MLP.
+# restart to land mid-run (0.5-1 s an epoch on one shared core), and the 784-256-128-10 MLP.
 QUICK = {"framework": "jax", "hardware": "cpu", "dataset": {"name": "digits"}, "epochs": 2, "batch_size": 64}
-LONG = {"framework": "jax", "hardware": "cpu", "epochs": 10, "batch_size": 32,
-        "dataset": {"name": "fashion-mnist", "train_limit": 12000, "test_limit": 2000}}
+LONG = {
+    "framework": "jax",
+    "hardware": "cpu",
+    "epochs": 20,
+    "batch_size": 32,
+    "dataset": {"name": "fashion-mnist", "train_limit": 12000, "test_limit": 2000},
+}
 
 
 class Failed(Exception):
@@ -67,8 +72,11 @@ class Failed(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.deploy_test", description=__doc__.splitlines()[0])
-    parser.add_argument("--local-images", action="store_true",
-                        help="make the base, PostgreSQL and Redis images locally (docker/local-base.sh)")
+    parser.add_argument(
+        "--local-images",
+        action="store_true",
+        help="make the base, PostgreSQL and Redis images locally (docker/local-base.sh)",
+    )
     parser.add_argument("--timeout-s", type=float, default=900, help="the whole test's deadline")
     args = parser.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the stack still comes down.
@@ -76,7 +84,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # BUILDAH_FORMAT: podman builds Docker-format images, which keep the Dockerfiles' HEALTHCHECK
     # (its default OCI format drops it), so the images are those `docker build` makes.
-    env = {**os.environ, "TRAINHUB_CPU_EXTRAS": "jax", "TRAINHUB_API_PORT": str(free_port()), "BUILDAH_FORMAT": "docker"}
+    env = {
+        **os.environ,
+        "TRAINHUB_CPU_EXTRAS": "jax",
+        "TRAINHUB_API_PORT": str(free_port()),
+        "BUILDAH_FORMAT": "docker",
+    }
     if args.local_images:
         env.update(LOCAL_IMAGES)
     stack = Stack(env, deadline=time.monotonic() + args.timeout_s)
@@ -87,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.local_images:
             with step("the local Debian base (docker/local-base.sh base)"):
                 run([*local_base, "base"], env=env, capture=False)
-        with step("build the api and cpu worker images (podman-compose build)" +
-                  (", and PostgreSQL and Redis (docker/local-base.sh services)" if args.local_images else "")):
+        with step(
+            "build the api and cpu worker images (podman-compose build)"
+            + (", and PostgreSQL and Redis (docker/local-base.sh services)" if args.local_images else "")
+        ):
             # apt and pip download while the other builds unpack: side by side is quicker
             services = subprocess.Popen([*local_base, "services"], env=env) if args.local_images else None
             stack.build("api", "worker-cpu")
@@ -165,15 +180,7 @@ class Stack:
         return {name: s for name, s in self.config["services"].items() if not s.get("profiles")}
 
     def start_order(self) -> list[list[str]]:
-        """The services in levels: each level's dependencies are all in earlier levels."""
-        services, levels, placed = self.services(), [], set()
-        while len(placed) < len(services):
-            level = sorted(n for n, s in services.items() if n not in placed and set(depends(s)) <= placed)
-            if not level:
-                raise Failed(f"depends_on has a cycle among {set(services) - placed}")
-            levels.append(level)
-            placed |= set(level)
-        return levels
+        return start_order(self.services())
 
     def build(self, *services: str) -> None:
         self.compose("build", *services, capture=False)
@@ -212,9 +219,19 @@ class Stack:
             time.sleep(2)
 
     def container(self, name: str) -> str:
-        names = run(["podman", "ps", "--all", "--format", "{{.Names}}",
-                     "--filter", f"label=io.podman.compose.project={PROJECT}",
-                     "--filter", f"label=com.docker.compose.service={name}"]).split()
+        names = run(
+            [
+                "podman",
+                "ps",
+                "--all",
+                "--format",
+                "{{.Names}}",
+                "--filter",
+                f"label=io.podman.compose.project={PROJECT}",
+                "--filter",
+                f"label=com.docker.compose.service={name}",
+            ]
+        ).split()
         check(len(names) == 1, f"service {name}: containers {names}")
         return names[0]
 
@@ -287,7 +304,8 @@ class Stack:
 
 def restart_mid_job(stack: Stack, client) -> None:
     job = client.submit(LONG)
-    wait_for(lambda: (client.get(job["id"])["progress"] or {}).get("epoch", 0) >= 2, stack.left_s(), "epoch 2")
+    # after its first checkpoint (epoch 1), with most of its epochs to go
+    wait_for(lambda: (client.get(job["id"])["progress"] or {}).get("epoch", 0) >= 1, stack.left_s(), "epoch 1")
     at = client.get(job["id"])["progress"]["epoch"]
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     stack.restart("worker-cpu")
@@ -301,11 +319,17 @@ def restart_mid_job(stack: Stack, client) -> None:
     check(job["attempts"] == 1, f"attempts {job['attempts']}: the stopped worker did not hand the job back")
     log = stack.logs("worker-cpu", since=since)
     resumed = re.search(rf"resuming from the checkpoint of epoch (\d+) in \S*{job['id']}", log)
-    check(resumed is not None, "the restarted worker did not resume the job from a checkpoint (its log says no "
-          "'resuming from the checkpoint of epoch')")
+    check(
+        resumed is not None,
+        "the restarted worker did not resume the job from a checkpoint (its log says no "
+        "'resuming from the checkpoint of epoch')",
+    )
     check(at <= int(resumed.group(1)) < LONG["epochs"], f"resumed at epoch {resumed.group(1)}, the restart was at {at}")
-    print(f"    job {job['id']}: resumed from its epoch {resumed.group(1)} checkpoint and succeeded, epochs 1..{epochs[-1]} "
-          "recorded once each")
+    print(
+        f"    job {job['id']}: resumed from its epoch {resumed.group(1)} checkpoint and succeeded, "
+        f"epochs 1..{epochs[-1]} "
+        "recorded once each"
+    )
 
 
 def check_weights(client, job_id: str, inputs: int) -> None:
@@ -333,6 +357,19 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
         if time.monotonic() > until:
             raise Failed(f"timed out waiting for {what}")
         time.sleep(0.5)
+
+
+def start_order(services: dict[str, dict]) -> list[list[str]]:
+    """The services in levels, each sorted: a level's dependencies are all in earlier levels."""
+    levels: list[list[str]] = []
+    placed: set[str] = set()
+    while len(placed) < len(services):
+        level = sorted(n for n, s in services.items() if n not in placed and set(depends(s)) <= placed)
+        if not level:
+            raise Failed(f"depends_on has a cycle among {set(services) - placed}")
+        levels.append(level)
+        placed |= set(level)
+    return levels
 
 
 def depends(service: dict) -> dict[str, str]:
@@ -368,8 +405,13 @@ def check(condition: bool, message: str) -> None:
 def run(command: list[str], env: dict[str, str] | None = None, capture: bool = True) -> str:
     """Run `command`; its stdout (or "" when not captured). Raises CalledProcessError with its
     stderr on a non-zero exit."""
-    result = subprocess.run(command, env=env, text=True, stdout=subprocess.PIPE if capture else None,
-                            stderr=subprocess.PIPE if capture else None)
+    result = subprocess.run(
+        command,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+    )
     if result.returncode != 0:
         detail = (result.stderr or "").strip()[-2000:]
         raise subprocess.CalledProcessError(result.returncode, " ".join(command[:4]) + " ...", detail) from None

@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         ):
             # apt and pip download while the other builds unpack: side by side is quicker
             services = subprocess.Popen([*local_base, "services"], env=env) if args.local_images else None
-            stack.build("api", "worker-cpu")
+            # the API image first: the worker image's first layers are its (the same steps)
+            stack.build("api")
+            stack.build("worker-cpu")
             if services is not None and services.wait() != 0:
                 raise Failed(f"docker/local-base.sh services exited {services.returncode}")
         stack.down(quiet=True)  # what an interrupted earlier run may have left

@@ -14,6 +14,7 @@ COPY app ./app
 COPY trainers ./trainers
 COPY workers ./workers
 # The base dependencies only: the `train` extra (jax, torch) is for worker images.
+# docker/worker-cpu.Dockerfile repeats these steps word for word (shared layers): change both.
 RUN pip install . \
  && useradd --system --uid 10001 --home-dir /srv/trainhub trainhub \
  && mkdir -p /srv/trainhub/var /srv/trainhub/artifacts \

@@ -35,7 +35,7 @@ else
     stamp "bootstrapping Debian $SUITE with $PACKAGES"
     if command -v mmdebstrap >/dev/null; then  # apt resolves and fetches in parallel: ~5x debootstrap
         mmdebstrap --quiet --variant=minbase --include="$PACKAGES" \
-            --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+            --dpkgopt=force-unsafe-io --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
             "$SUITE" "$root/rootfs" "$MIRROR"
     else
         debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$root/rootfs" "$MIRROR" >/dev/null

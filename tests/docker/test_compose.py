@@ -215,3 +215,17 @@ def test_worker_images_own_the_mount_points_of_their_volumes(services, name):
     for volume in services[name]["volumes"]:
         target = volume.split(":")[1]
         assert re.search(rf"mkdir -p [^\n]*{re.escape(target)}\b", text), f"{name}: {target}"
+
+
+def instructions(text: str) -> list[str]:
+    """A Dockerfile's instructions, continuation lines joined and comments dropped."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return [" ".join(i.split()) for i in "\n".join(lines).replace("\\\n", " ").split("\n") if i.strip()]
+
+
+def test_the_cpu_worker_image_starts_with_the_api_images_layers(services):
+    """Word for word up to the API's `RUN pip install .`, so one host builds and stores those
+    layers once for both (make deploy-test builds both within CI's time on that)."""
+    api = instructions(dockerfile(services, "api"))
+    shared = api[: next(i for i, step in enumerate(api) if step.startswith("RUN pip install .")) + 1]
+    assert instructions(dockerfile(services, "worker-cpu"))[: len(shared)] == shared

@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # Debian's package puts Fashion-MNIST here (MNIST's IDX format); the demo trains on it.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data demo test test-fast lint bench gpu-check clean
+.PHONY: install data demo test test-fast lint bench gpu-check deploy-test clean
 
 install: $(STAMP)
 
@@ -48,6 +48,15 @@ bench: install data
 gpu-check: HARDWARE ?= gpu
 gpu-check: install data
 	$(PY) -m bench.gpu_check --hardware $(HARDWARE) $(GPU_CHECK_ARGS)
+
+# docker-compose.yml run for real with podman (bench/deploy_test.py): the api and a JAX-only cpu
+# worker image built, the stack up and healthy, a key, a job through the published port, its
+# weights downloaded, the worker restarted mid-job (the job resumes), everything down again.
+# --local-images (the default here) first makes the Debian base, PostgreSQL and Redis images from
+# the Debian mirror (docker/local-base.sh, as root); DEPLOY_TEST_ARGS= uses the public images.
+deploy-test: DEPLOY_TEST_ARGS ?= --local-images
+deploy-test: install
+	$(PY) -m bench.deploy_test $(DEPLOY_TEST_ARGS)
 
 clean:
 	rm -rf var .pytest_cache

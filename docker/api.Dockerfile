@@ -1,7 +1,10 @@
 # The API: FastAPI under uvicorn. No jax, no torch (app/ never imports them), so it stays small
 # and starts fast. Build from the repository root:
 #   docker build -f docker/api.Dockerfile -t trainhub-api .
-FROM python:3.11-slim-bookworm
+# The base: python:3.11-slim-bookworm, or any Debian bookworm with Python 3.11 as `python` and
+# `pip` (docker/local-base.sh makes one from the Debian mirror alone: TRAINHUB_BASE_IMAGE).
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /srv/trainhub
@@ -11,6 +14,7 @@ COPY app ./app
 COPY trainers ./trainers
 COPY workers ./workers
 # The base dependencies only: the `train` extra (jax, torch) is for worker images.
+# docker/worker-cpu.Dockerfile repeats these steps word for word (shared layers): change both.
 RUN pip install . \
  && useradd --system --uid 10001 --home-dir /srv/trainhub trainhub \
  && mkdir -p /srv/trainhub/var /srv/trainhub/artifacts \

@@ -2,7 +2,10 @@
 # libraries as pip packages; the host needs only the NVIDIA driver and the NVIDIA Container
 # Toolkit). One container per GPU, pinned with `--devices`. Build from the repository root:
 #   docker build -f docker/worker-gpu.Dockerfile -t trainhub-worker-gpu .
-FROM python:3.11-slim-bookworm
+# The base: python:3.11-slim-bookworm, or any Debian bookworm with Python 3.11 as `python` and
+# `pip` (docker/local-base.sh makes one from the Debian mirror alone: TRAINHUB_BASE_IMAGE).
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
@@ -17,9 +20,12 @@ COPY workers ./workers
 # PyPI's Linux torch wheels are the CUDA builds; jax[cuda12] adds the jax-cuda12 plugin.
 RUN pip install ".[train]" "jax[cuda12]" \
  && useradd --system --uid 10001 --home-dir /srv/trainhub trainhub \
- && mkdir -p /srv/trainhub/var /srv/trainhub/artifacts \
+ && mkdir -p /srv/trainhub/var/jax-cache /srv/trainhub/artifacts \
  && chown -R trainhub /srv/trainhub
 
+# jax-cache exists (owned by trainhub) so that a volume mounted on it starts writable, as the
+# compose file's jax-cache volume does: a missing mount point is made root's, and JAX then
+# quietly keeps no compiled programs.
 USER trainhub
 # The NVIDIA runtime mounts the driver for these; XLA allocates on demand so that several
 # processes can share a card (the worker sets it too, before jax is imported).

@@ -21,6 +21,7 @@ The run reads like the seeds' loop, made fast:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -77,6 +78,8 @@ from trainers.user_code import UserModel, shared_init
 
 if TYPE_CHECKING:  # for annotations only: no import at run time
     from jax.stages import Compiled
+
+log = logging.getLogger(__name__)
 
 CHUNK_STEPS = 50  # steps per compiled call: long enough to hide dispatch, short enough to stop promptly
 # ...unless steps are slow (a large model): then a call runs only the steps that fit in this
@@ -279,6 +282,7 @@ def resume(
     metrics, NaN and None. The progress is None when the checkpoint was taken at an epoch's end."""
     if resumed := jax_checkpoint.restore(workdir, state):
         state, metrics, first_step_loss, progress = resumed
+        log.info("resuming from the checkpoint of epoch %d in %s", len(metrics), workdir)
         for done in metrics:
             report(done.epoch, done)
         return state, metrics, first_step_loss, progress

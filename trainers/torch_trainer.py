@@ -12,6 +12,7 @@ with data parallel (torch_ddp) or on a TPU: those resume from their last epoch's
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -65,6 +66,8 @@ if TYPE_CHECKING:  # for annotations only: torch_ddp imports this module, and dy
     from torch._dynamo.callback import CallbackArgs
 
     from trainers.torch_ddp import Group
+
+log = logging.getLogger(__name__)
 
 STOP_CHECK_STEPS = 50  # ask should_stop every this many steps, as the JAX trainer does per chunk
 # ...or, on one device, once this many seconds passed since the last ask (slow steps: a large model)
@@ -284,6 +287,7 @@ def resume(
     checkpoint was taken at an epoch's end."""
     if resumed := torch_checkpoint.restore(workdir, run.model, run.optimizer, run.scheduler):
         metrics, first_loss, progress = resumed
+        log.info("resuming from the checkpoint of epoch %d in %s", len(metrics), workdir)
         for done in metrics:
             report(done.epoch, done)
         return metrics, torch.tensor(first_loss, device=run.device), progress

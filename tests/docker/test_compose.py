@@ -173,7 +173,8 @@ def test_the_api_image_has_neither_jax_nor_torch(services):
                                         ("worker-tpu", "jax[tpu]")])
 def test_worker_images_install_the_frameworks_for_their_hardware(services, name, extra):
     text = dockerfile(services, name)
-    assert '".[train]"' in text and extra in text
+    # the cpu worker's extras are a build argument (EXTRAS=jax: a JAX-only image), train by default
+    assert ('".[train]"' in text or ('".[$EXTRAS]"' in text and "ARG EXTRAS=train\n" in text)) and extra in text
     command = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
     assert command == services[name]["command"]  # the image alone starts the same worker
 
@@ -184,3 +185,47 @@ def test_dockerfiles_copy_only_what_exists():
             if line.startswith("COPY "):
                 for source in shlex.split(line)[1:-1]:
                     assert (ROOT / source).exists(), f"{path.name}: {source}"
+
+
+def test_the_images_default_to_the_public_ones_and_take_a_base(raw, services):
+    """Unset, the variables give the public images (postgres:16, redis:7, python:3.11-slim); each
+    trainhub Dockerfile builds FROM its BASE argument, whose default is the compose file's."""
+    assert services["postgres"]["image"] == "postgres:16" and services["redis"]["image"] == "redis:7"
+    assert raw["services"]["postgres"]["image"] == "${TRAINHUB_POSTGRES_IMAGE:-postgres:16}"
+    assert raw["services"]["redis"]["image"] == "${TRAINHUB_REDIS_IMAGE:-redis:7}"
+    for name in ("migrate", "api", *WORKERS):
+        text = dockerfile(services, name)
+        assert services[name]["build"]["args"]["BASE"] == "python:3.11-slim-bookworm", name
+        assert "ARG BASE=python:3.11-slim-bookworm\nFROM ${BASE}\n" in text, name
+    assert services["worker-cpu"]["build"]["args"]["EXTRAS"] == "train"
+
+
+def test_the_deploy_test_starts_services_in_depends_on_order(services):
+    from bench.deploy_test import start_order
+
+    default = {name: s for name, s in services.items() if not s.get("profiles")}
+    assert start_order(default) == [["postgres", "redis"], ["migrate"], ["api", "worker-cpu"]]
+
+
+@pytest.mark.parametrize("name", ["worker-cpu", "worker-gpu", "worker-tpu"])
+def test_worker_images_own_the_mount_points_of_their_volumes(services, name):
+    """A volume mounted where the image has no directory starts root's (docker): the worker,
+    running as trainhub, could write neither its artifacts nor its compile cache."""
+    text = dockerfile(services, name)
+    for volume in services[name]["volumes"]:
+        target = volume.split(":")[1]
+        assert re.search(rf"mkdir -p [^\n]*{re.escape(target)}\b", text), f"{name}: {target}"
+
+
+def instructions(text: str) -> list[str]:
+    """A Dockerfile's instructions, continuation lines joined and comments dropped."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return [" ".join(i.split()) for i in "\n".join(lines).replace("\\\n", " ").split("\n") if i.strip()]
+
+
+def test_the_cpu_worker_image_starts_with_the_api_images_layers(services):
+    """Word for word up to the API's `RUN pip install .`, so one host builds and stores those
+    layers once for both (make deploy-test builds both within CI's time on that)."""
+    api = instructions(dockerfile(services, "api"))
+    shared = api[: next(i for i, step in enumerate(api) if step.startswith("RUN pip install .")) + 1]
+    assert instructions(dockerfile(services, "worker-cpu"))[: len(shared)] == shared

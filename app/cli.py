@@ -556,7 +556,7 @@ def follow(client: TrainhubClient, job_id: str, timeout_s: float | None = None) 
     from rich.progress import BarColumn, Progress, TextColumn
 
     job = call(client.get, job_id)
-    if job["waiting_reason"] and job["waiting_reason"].startswith("no online worker"):
+    if job["waiting_reason"] and "no online worker" in job["waiting_reason"]:
         console.print(f"[yellow]job {job_id[:8]} waits: {escape(job['waiting_reason'])}[/yellow]")
     epochs = job["progress"]["epochs"]
     text = ProgressText(epochs)
@@ -673,7 +673,9 @@ def print_result(job: dict) -> None:
         score, loss = test_score(result, "test accuracy"), _metric(result.get("test_loss"))
         console.print(f"[green]succeeded[/green]: {score}, test loss {loss}")
     elif job["status"] == JobStatus.FAILED:
-        console.print(f"[red]failed[/red]: {job['error']['type']}: {job['error']['message']}")
+        error = job["error"] or {"type": "internal", "message": ""}
+        reason = f" ({error['reason']})" if error.get("reason") else ""
+        console.print(f"[red]failed[/red]: {error['type']}{reason}: {escape(error['message'])}")
     else:
         console.print(f"{job['status']}")
 

@@ -385,3 +385,48 @@ def test_a_lost_worker_is_retried_as_the_policy_says_then_fails_as_worker_lost(a
     assert failed["status"] == "failed" and failed["error"]["type"] == "worker_lost"
     assert "lost 2 time(s)" in failed["error"]["message"] and "worker_lost=1" in failed["error"]["message"]
     assert final_event(api, auth, job["id"])["error"]["type"] == "worker_lost"
+
+
+def test_migration_0020_puts_stored_jobs_in_the_lists_terms(tmp_path):
+    """On the embedded database (SQLite): an older worker's types get the list's, and the attempts a
+    lost worker left counted become worker_lost retries that the policy goes on counting."""
+    import json
+
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from app.db import MIGRATIONS_DIR, make_engine
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = make_engine(url)
+
+    def upgrade(to: str) -> None:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.set_main_option("sqlalchemy.url", url)
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, to)
+
+    upgrade("0019")
+    stored = {"a": ({"type": "data_not_found", "message": "get it"}, 1), "b": ({"type": "nan_loss", "message": "lr"}, 1),
+              "c": ({"type": "RuntimeError", "message": "boom"}, 1), "d": ({"type": "worker_lost", "message": "x"}, 3)}
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO api_keys (id, name, prefix, key_hash, created_at, is_admin, scrape_only) "
+                                "VALUES ('k', 'k', 'p', 'h', CURRENT_TIMESTAMP, false, false)"))
+        for job_id, (error, attempts) in stored.items():
+            connection.execute(text(
+                "INSERT INTO jobs (id, owner_id, status, framework, hardware, devices, spec, epochs, epoch, created_at, "
+                "attempts, cancel_requested, error, priority, preempted) VALUES (:id, 'k', 'failed', 'jax', 'cpu', 1, "
+                "'{}', 1, 0, CURRENT_TIMESTAMP, :attempts, false, :error, 1, 0)"),
+                {"id": job_id, "attempts": attempts, "error": json.dumps(error)})
+    upgrade("head")
+    with engine.begin() as connection:
+        rows = {job_id: (json.loads(error), retries, json.loads(counts) if counts else None) for job_id, error, retries, counts
+                in connection.execute(text("SELECT id, error, retries, retry_counts FROM jobs"))}
+    engine.dispose()
+    assert rows["a"] == ({"type": "data_error", "reason": "data_not_found", "message": "get it"}, 0, None)
+    assert rows["b"] == ({"type": "nan_loss", "message": "lr"}, 0, None)  # already in the list: untouched
+    assert rows["c"] == ({"type": "internal", "reason": "RuntimeError", "message": "boom"}, 0, None)
+    assert rows["d"] == ({"type": "worker_lost", "message": "x"}, 2, {"worker_lost": 2})

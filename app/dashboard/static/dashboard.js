@@ -669,7 +669,7 @@
       }
       const error = comparison.error;
       $("comparison-error").hidden = !error;
-      if (error) $("comparison-error").textContent = `${error.framework ? `${error.framework}: ` : ""}${error.type}: ${error.message}`;
+      if (error) $("comparison-error").textContent = `${error.framework ? `${error.framework}: ` : ""}${failureName(error)}: ${error.message}`;
       const parity = comparison.parity;
       $("comparison-parity").hidden = !parity;
       if (parity) {

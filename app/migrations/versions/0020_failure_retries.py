@@ -4,6 +4,9 @@
 - jobs.retry_counts: those retries by error.type, {type: n} (TRAINHUB_RETRY_POLICY counts per type).
 - jobs.last_error: the `error` of the latest failure that was retried.
 
+Jobs stored before had only a lost worker's attempts counted past the first: those become their
+worker_lost retries (retries = attempts - 1), so a job in flight keeps what it has spent.
+
 Failed jobs stored before the closed list of error types (app/failures.py) get its terms: the
 old `data_not_found` and `dataset_corrupt` become `data_error` with the old type as `reason`, and
 any other type outside the list becomes `internal` (the old type kept as `reason`). Plain
@@ -32,6 +35,12 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("last_error", sa.JSON(), nullable=True))
     jobs = sa.table("jobs", sa.column("id", sa.String), sa.column("status", sa.String), sa.column("error", sa.JSON))
     bind = op.get_bind()
+    # Until now only a lost worker left a job's attempt counted (a release gives it back): the
+    # attempts after the first were worker_lost retries, which the policy goes on counting.
+    build = "json_build_object" if bind.dialect.name == "postgresql" else "json_object"
+    op.execute(
+        f"UPDATE jobs SET retries = attempts - 1, retry_counts = {build}('worker_lost', attempts - 1) WHERE attempts > 1"
+    )
     # Only failed jobs whose error.type is outside the list are read (the others stay untouched).
     path = "(error ->> 'type')" if bind.dialect.name == "postgresql" else "json_extract(error, '$.type')"
     kind = sa.literal_column(path)

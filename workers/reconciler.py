@@ -84,7 +84,7 @@ def requeue_lost_jobs() -> None:
             lost_before = (job.retry_counts or {}).get(FailureType.WORKER_LOST.value, 0)
             error = Failure(
                 FailureType.WORKER_LOST,
-                f"the worker running the job ({where}) stopped beating its heartbeat",
+                f"the worker running the job, {where}, stopped beating its heartbeat",
             ).as_error()
             if lifecycle.retry(session, job.id, job.attempts, error, allowed):
                 log.warning("job %s: worker %s lost; queued again", job.id, name)

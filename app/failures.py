@@ -152,7 +152,7 @@ def classify(exc: BaseException, hardware: str = "cpu") -> Failure | None:
 
 
 def out_of_memory(exc: BaseException, hardware: str = "cpu") -> str | None:
-    """ "host" or "device" when `exc` says the job ran out of that memory, else None.
+    """Which memory `exc` says the job ran out of: "host", "device", or None when it is no such error.
 
     Recognised: Python's MemoryError (host); torch.cuda.OutOfMemoryError / torch.OutOfMemoryError
     (device); a RuntimeError (XLA's XlaRuntimeError, JaxRuntimeError, PyTorch's allocators) whose

@@ -609,7 +609,7 @@ def follow(client: TrainhubClient, job_id: str, timeout_s: float | None = None) 
     from rich.progress import BarColumn, Progress, TextColumn
 
     job = call(client.get, job_id)
-    if job["waiting_reason"] and job["waiting_reason"].startswith("no online worker"):
+    if job["waiting_reason"] and "no online worker" in job["waiting_reason"]:
         console.print(f"[yellow]job {job_id[:8]} waits: {escape(job['waiting_reason'])}[/yellow]")
     epochs = job["progress"]["epochs"]
     text = ProgressText(epochs)
@@ -720,13 +720,19 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def failure_name(error: dict) -> str:
+    """A job error's type with its finer cause, as the dashboard shows it: "data_error (data_not_found)"."""
+    return f"{error['type']} ({error['reason']})" if error.get("reason") else str(error["type"])
+
+
 def print_result(job: dict) -> None:
     if job["status"] == JobStatus.SUCCEEDED:
         result = job["result"] or {}
         score, loss = test_score(result, "test accuracy"), _metric(result.get("test_loss"))
         console.print(f"[green]succeeded[/green]: {score}, test loss {loss}")
     elif job["status"] == JobStatus.FAILED:
-        console.print(f"[red]failed[/red]: {job['error']['type']}: {job['error']['message']}")
+        error = job["error"] or {"type": "internal", "message": ""}
+        console.print(f"[red]failed[/red]: {failure_name(error)}: {escape(error['message'])}")
     else:
         console.print(f"{job['status']}")
 
@@ -757,7 +763,10 @@ def status(job_id: str, as_json: Annotated[bool, typer.Option("--json")] = False
     if job["timings"]:
         table.add_row("timings", ", ".join(f"{k} {v:.3g}" for k, v in job["timings"].items()))
     if job["error"]:
-        table.add_row("error", f"{job['error']['type']}: {job['error']['message']}")
+        table.add_row("error", f"{failure_name(job['error'])}: {escape(job['error']['message'])}")
+    if job.get("retries") and job.get("last_error"):
+        last = job["last_error"]
+        table.add_row("retries", f"{job['retries']}, last after {failure_name(last)}: {escape(last['message'])}")
     for artifact in job["artifacts"]:
         table.add_row("artifact", f"{artifact['name']} ({artifact['size_bytes']} bytes)")
     Console().print(table)

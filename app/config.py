@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -10,7 +11,10 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app import failures
 from trainers import spec as hard  # JobSpec's absolute bounds: a setting may lower them, never raise them
+
+log = logging.getLogger(__name__)
 
 
 class Settings(BaseSettings):
@@ -100,8 +104,13 @@ class Settings(BaseSettings):
     # A worker retries its writes of a job this long through a database outage or restart
     # (seconds); the job waits meanwhile, and is requeued by the reconciler if it never lands.
     db_retry_s: float = Field(90.0, ge=0)
-    # A job whose worker was lost this many times ends failed with error.type "worker_lost".
-    max_attempts: int = Field(3, ge=1)
+    # Which failure types send a job back to its queue, and how often (app/failures.py):
+    # "worker_lost=2,out_of_memory=1". A type it does not name is not retried, but worker_lost,
+    # which defaults to 2 retries (failures.DEFAULT_RETRIES).
+    retry_policy: Annotated[failures.RetryPolicy, NoDecode] = Field(default_factory=dict)
+    # Deprecated (use retry_policy's worker_lost): a job whose worker was lost this many times
+    # ends failed; the same as worker_lost=max_attempts-1.
+    max_attempts: int | None = Field(None, ge=1)
     # Redis hands an unacknowledged message to another worker after this long; it must be
     # longer than any job may run (max_runtime_s is capped at 7 days).
     visibility_timeout_s: float = Field(8 * 24 * 3600.0, gt=0)
@@ -190,6 +199,31 @@ class Settings(BaseSettings):
             if "*" in value:
                 raise ValueError("cors_origins may not be '*': list the origins that may call the API")
         return value
+
+    @field_validator("retry_policy", mode="before")
+    @classmethod
+    def _parse_retry_policy(cls, value: object) -> object:
+        return failures.parse_policy(value)
+
+    @model_validator(mode="after")
+    def _fold_max_attempts(self) -> Settings:
+        # TRAINHUB_MAX_ATTEMPTS (deprecated) still counts for worker_lost, unless the policy says too.
+        lost = failures.FailureType.WORKER_LOST
+        if self.max_attempts is not None:
+            if lost in self.retry_policy:
+                raise ValueError(
+                    "TRAINHUB_MAX_ATTEMPTS is deprecated and TRAINHUB_RETRY_POLICY names worker_lost too: "
+                    "drop TRAINHUB_MAX_ATTEMPTS"
+                )
+            log.warning(
+                "TRAINHUB_MAX_ATTEMPTS is deprecated: use TRAINHUB_RETRY_POLICY=worker_lost=%d", self.max_attempts - 1
+            )
+            self.retry_policy[lost] = self.max_attempts - 1
+        return self
+
+    def retries_for(self, kind: failures.FailureType) -> int:
+        """How many times a job failing with `kind` goes back to its queue (retry_policy)."""
+        return self.retry_policy.get(kind, failures.DEFAULT_RETRIES.get(kind, 0))
 
     @field_validator("retention_days", mode="before")
     @classmethod

@@ -5,7 +5,8 @@ Every event with an `id` has a sequence number that orders the job's life:
     0             status "queued"                (the job was created)
     1             status "running"               (a worker claimed it)
     1 + k         metrics of epoch k, k = 1..epochs
-    2 + epochs    the final status: succeeded | failed | cancelled
+    2 + epochs    the final status: succeeded | failed | cancelled, with `error` (type from
+                  app/failures.py's closed list) and `retries`
 
 The numbers are functions of what is stored, so a client that reconnects with
 `Last-Event-ID: n` is sent exactly the events numbered above n and misses nothing. A fresh
@@ -35,7 +36,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app import jobs, notify, rendering
+from app import failures, jobs, notify, rendering
 from app.db import session_scope
 from app.models import ApiKey, EpochMetric, Job, JobLog, rfc3339
 from app.queue import queue_name
@@ -96,6 +97,8 @@ class JobState:
     timings: dict | None
     worker: dict | None
     devices: int = 1
+    retries: int = 0
+    last_error: dict | None = None
 
     @property
     def queue(self) -> str:
@@ -169,7 +172,8 @@ def events_after(state: JobState, metrics: list[dict], last_id: int) -> list[Eve
                     "at": _iso(state.finished_at),
                     "progress": {"epoch": state.epoch, "epochs": state.epochs},
                     "result": state.result,
-                    "error": state.error,
+                    "error": failures.normalise(state.error) if state.status == JobStatus.FAILED else state.error,
+                    "retries": state.retries,
                     "timings": state.timings,
                 },
             )
@@ -195,6 +199,8 @@ def read_state(session: Session, job_id: str) -> JobState | None:
             Job.timings,
             Job.worker,
             Job.devices,
+            Job.retries,
+            Job.last_error,
         ).where(Job.id == job_id)
     ).first()
     return JobState(*row) if row is not None else None
@@ -218,6 +224,8 @@ def current_waiting_reason(session: Session, state: JobState) -> str | None:
         framework=state.framework,
         devices=state.devices,
         created_at=state.created_at,
+        retries=state.retries,
+        last_error=state.last_error,
     )
     return jobs.waiting_reason(session, probe, jobs.online_queues(session))
 

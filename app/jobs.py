@@ -272,13 +272,25 @@ def waiting_reason(session: Session, job: Job, served: set[str], position: int |
         return None
     if job.queue not in served:
         if job.devices > 1:
-            return (
+            why = (
                 f"no online worker owns {job.devices} {job.hardware} devices for {job.framework} "
                 f"(queue {job.queue}); start one with `{worker_command(job.hardware, job.devices)}`"
             )
-        return f"no online worker serves {job.queue}"
-    ahead = (position or queue_position(session, job) or 1) - 1
-    return f"waiting for a free worker on {job.queue} ({ahead} job(s) ahead)"
+        else:
+            why = f"no online worker serves {job.queue}"
+    else:
+        ahead = (position or queue_position(session, job) or 1) - 1
+        why = f"waiting for a free worker on {job.queue} ({ahead} job(s) ahead)"
+    return f"{retrying_after(job)}{why}"
+
+
+def retrying_after(job: Job) -> str:
+    """What a waiting hint starts with for a job the retry policy sent back to its queue: which
+    retry it waits for and after which failure ("" for one never retried)."""
+    if not job.retries or not job.last_error:
+        return ""
+    kind = job.last_error.get("type", "internal")
+    return f"retry {job.retries} after {kind} ({job.last_error.get('message', '')}): "
 
 
 def worker_command(hardware: str, devices: int) -> str:

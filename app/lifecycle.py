@@ -16,10 +16,15 @@ moved on without it (the reconciler handed the job to another worker), they no l
 |                |                       | preempted + 1), or cancelled   |             |                           |
 | cancel         | queued                | cancelled                      | API         | status = queued           |
 |                | running               | running, cancel_requested      | API         | status = running          |
-| requeue_lost   | running               | queued                         | reconciler  | running, the attempt seen |
+| retry          | running, no cancel    | queued (retries + 1,           | worker,     | running, its attempt (or  |
+|                | asked, a retry left   | last_error), resumes           | reconciler  | the one seen), retries    |
 | fail_lost      | running               | failed (worker_lost)           | reconciler  | running, the attempt seen |
 | cancel_lost    | running, cancel asked | cancelled                      | reconciler  | running, the attempt seen |
 | stamp_enqueued | queued                | queued (enqueued_at = now)     | API, worker | (no status change)        |
+
+`retry` is how a failure that the retry policy retries (app/failures.py, TRAINHUB_RETRY_POLICY)
+sends a job back: a lost worker's job (the reconciler) or one whose attempt failed with, e.g.,
+out_of_memory (its worker). Its attempt stays counted, and it resumes from its last checkpoint.
 
 Each function executes its statement on the caller's session and commits; it returns whether
 (or how) the row changed, so the caller knows whether it won.
@@ -30,10 +35,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import CursorResult, Table, Update, bindparam, case, update
+from sqlalchemy import CursorResult, Table, Update, bindparam, case, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
+from app.failures import Failure, FailureType
 from app.models import Job, utcnow
 from app.status import ACTIVE, FINISHED, JobStatus
 
@@ -47,7 +53,7 @@ __all__ = [
     "release",
     "preempt",
     "cancel",
-    "requeue_lost",
+    "retry",
     "fail_lost",
     "cancel_lost",
     "stamp_enqueued",
@@ -151,23 +157,46 @@ def cancel(session: Session, job_id: str) -> None:
     session.commit()
 
 
-def requeue_lost(session: Session, job_id: str, attempt: int) -> bool:
-    """running -> queued for a job whose worker was lost; it resumes from its checkpoint. Fenced
-    by the attempt the reconciler saw: a worker that claims it meanwhile wins."""
+def retry(session: Session, job_id: str, attempt: int, error: dict, allowed: int) -> bool:
+    """running -> queued after a failure (`error`, the job's error object) that the retry policy
+    retries `allowed` times for its type: False, and the row left as it is, when the job already
+    had that many retries of the type, a cancel was asked (the caller ends it), or the job moved
+    on without this attempt. The retry is counted (retries, retry_counts) and shown (last_error);
+    the job resumes from its checkpoint. Fenced by the attempt and by the retries seen, so a
+    count is never spent twice."""
+    seen = session.execute(
+        select(Job.retries, Job.retry_counts).where(*_fence(job_id, attempt), Job.cancel_requested.is_(False))
+    ).first()
+    if seen is None:
+        session.commit()
+        return False
+    retries, counts = seen
+    kind = str(error["type"])
+    if (counts or {}).get(kind, 0) >= allowed:
+        session.commit()
+        return False
     moved = _update(
-        session, update(Job).where(*_fence(job_id, attempt)).values(status=JobStatus.QUEUED, enqueued_at=None)
+        session,
+        update(Job)
+        .where(*_fence(job_id, attempt), Job.cancel_requested.is_(False), Job.retries == retries)
+        .values(
+            status=JobStatus.QUEUED,
+            enqueued_at=None,
+            retries=retries + 1,
+            retry_counts={**(counts or {}), kind: (counts or {}).get(kind, 0) + 1},
+            last_error=error,
+        ),
     )
     session.commit()
     return moved == 1
 
 
 def fail_lost(session: Session, job_id: str, attempt: int, message: str) -> bool:
-    """running -> failed (error.type worker_lost) after the last allowed attempt was lost."""
+    """running -> failed (error.type worker_lost) once the retry policy's worker_lost retries are spent."""
+    error = Failure(FailureType.WORKER_LOST, message).as_error()
     moved = _update(
         session,
-        update(Job)
-        .where(*_fence(job_id, attempt))
-        .values(status=JobStatus.FAILED, finished_at=utcnow(), error={"type": "worker_lost", "message": message}),
+        update(Job).where(*_fence(job_id, attempt)).values(status=JobStatus.FAILED, finished_at=utcnow(), error=error),
     )
     session.commit()
     return moved == 1

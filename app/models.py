@@ -130,6 +130,11 @@ class Job(Base):
     # 1 normal, 2 high), and how many times a higher-priority job took its worker.
     priority: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     preempted: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Failures the retry policy sent back to the queue (app/failures.py): how many in all, how
+    # many of each error.type ({type: n}, what the policy counts), and the latest one's `error`.
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    retry_counts: Mapped[dict | None] = mapped_column(JSON)
+    last_error: Mapped[dict | None] = mapped_column(JSON)
     # A sweep's trial: the sweep, the trial's number in its Optuna study, the values the trial
     # set ({dotted path: value}). (sweep_id, trial_number, framework) is unique: no trial twice.
     sweep_id: Mapped[str | None] = mapped_column(ForeignKey("sweeps.id"), index=True)

@@ -10,7 +10,7 @@ import statistics
 
 from sqlalchemy.orm import Session
 
-from app import jobs
+from app import failures, jobs
 from app.config import get_settings
 from app.lifecycle import FINISHED, JobStatus
 from app.models import Artifact, Comparison, EpochMetric, Job, aware, utcnow
@@ -95,7 +95,9 @@ def job(
             "metrics": [metric(m) for m in row.metrics] if started else [],
             "timings": row.timings,
             "result": row.result,
-            "error": row.error if row.status != JobStatus.PRUNED else None,
+            "error": failures.normalise(row.error) if row.status == JobStatus.FAILED else None,
+            "retries": row.retries or 0,
+            "last_error": failures.normalise(row.last_error),
             "artifacts": [artifact(a, f"{url}/jobs/{row.id}/artifacts/{a.name}") for a in row.artifacts]
             if started
             else [],
@@ -159,7 +161,10 @@ def comparison_status(comparison: Comparison) -> tuple[JobStatus, dict | None]:
         if job.status == JobStatus.FAILED:
             return JobStatus.FAILED, {
                 "framework": framework,
-                **(job.error or {"type": JobStatus.FAILED.value, "message": ""}),
+                **(
+                    failures.normalise(job.error)
+                    or {"type": "internal", "message": "the job failed without a recorded error"}
+                ),
             }
     if any(job.status == JobStatus.CANCELLED for job in sides.values()):
         return JobStatus.CANCELLED, None

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, PlainSerializer
 
+from app.failures import FailureType
 from app.lifecycle import FINISHED, JobStatus
 from app.models import rfc3339
 from trainers.spec import ComparisonSpec, Framework, JobSpec
@@ -59,8 +60,16 @@ class Progress(BaseModel):
 
 
 class JobError(BaseModel):
-    type: str
-    message: str
+    """Why a job failed (or, as `last_error`, why it was retried): `type` is one of a closed list
+    (the README's "Failure classes" says what each means and what to do), `reason` a finer cause
+    where one helps (e.g. data_not_found for a data_error; host or device for out_of_memory)."""
+
+    type: FailureType = Field(
+        description="nan_loss, out_of_memory, hardware_mismatch, worker_lost, timeout, "
+        "data_error, invalid_spec or internal."
+    )
+    message: str = Field(description="What happened and what to change, for the job's user.")
+    reason: str | None = Field(None, description="A finer cause, e.g. data_not_found or dataset_corrupt.")
 
 
 class ModelSummary(BaseModel):
@@ -106,6 +115,12 @@ class Job(BaseModel):
     timings: dict[str, float] | None
     result: dict[str, float] | None
     error: JobError | None
+    retries: int = Field(
+        0,
+        description="How many times a failure that the deployment's retry policy retries "
+        "(TRAINHUB_RETRY_POLICY) sent the job back to its queue; it resumed from its checkpoint.",
+    )
+    last_error: JobError | None = Field(None, description="The failure of the latest retry (null when never retried).")
     artifacts: list[ArtifactInfo]
     worker: dict | None
     model: ModelSummary | None = None
@@ -130,9 +145,13 @@ class ComparisonRow(BaseModel):
 
 
 class ComparisonError(BaseModel):
+    """What ended a comparison failed: a side's job error (`framework` says which, `type` from the
+    jobs' closed list), or `parity_mismatch` (framework null) when both ran but disagree."""
+
     framework: Framework | None
     type: str
     message: str
+    reason: str | None = None
 
 
 class Comparison(BaseModel):

@@ -144,9 +144,15 @@ def _supervise(ranks: list, messages: Queue[tuple[str, dict]], report: Report, s
 
 
 def _error(payload: dict) -> Exception:
-    """The exception a rank reported, as the runner names errors (NanLoss keeps its type)."""
+    """The exception a rank reported, as the runner names errors (app/failures.py): NanLoss and
+    the out-of-memory errors keep their type; any other is a RuntimeError naming it."""
+    said = f"DDP rank {payload['rank']}: {payload['message']}"
     if payload["type"] == "NanLoss":
         return NanLoss(payload["epoch"], payload["value"], payload["metric"])
+    if payload["type"] == "MemoryError":
+        return MemoryError(said)
+    if payload["type"] == "OutOfMemoryError":
+        return torch.OutOfMemoryError(said)
     return RuntimeError(f"DDP rank {payload['rank']}: {payload['type']}: {payload['message']}")
 
 

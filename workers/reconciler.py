@@ -6,8 +6,9 @@ once are harmless.
    has not beaten its heartbeat for `worker_timeout_s`, or when that worker is alive but a
    heartbeat stamped after the claim names another job (or none): it moved on without ending
    this one (e.g. the database was away when it tried). A lost job goes back to `queued` (and
-   resumes from its checkpoint), or ends `failed` with error.type "worker_lost" after
-   `max_attempts` attempts, or `cancelled` when a cancel was asked.
+   resumes from its checkpoint) while the retry policy's worker_lost retries last
+   (Settings.retry_policy, 2 by default), then ends `failed` with error.type "worker_lost"; or
+   `cancelled` when a cancel was asked.
 2. Jobs without a message: `queued` jobs never handed to the broker (it was down at submit).
 3. Messages the broker lost: Redis restarted from an older snapshot, a flushed database or a
    deleted list. A queued job whose message went out more than MESSAGE_GRACE_S ago but is in
@@ -38,6 +39,7 @@ from sqlalchemy import select
 from app import jobs, lifecycle, retention
 from app.config import get_settings
 from app.db import session_scope
+from app.failures import Failure, FailureType
 from app.lifecycle import JobStatus
 from app.models import Job, Worker, aware, utcnow
 from app.rendering import worker_alias
@@ -74,19 +76,26 @@ def requeue_lost_jobs() -> None:
         lost = [job for job in running if _is_lost(job, alive, since)]
         for job in lost:
             name = (job.worker or {}).get("name")
+            where = worker_alias(str(name))  # the job's user sees no host or pid
             if job.cancel_requested:
                 lifecycle.cancel_lost(session, job.id, job.attempts)
-            elif job.attempts >= settings.max_attempts:
-                if lifecycle.fail_lost(
-                    session,
-                    job.id,
-                    job.attempts,
-                    f"the worker was lost {job.attempts} times (max_attempts={settings.max_attempts}); "
-                    f"last on {worker_alias(str(name))}",  # the job's user sees no host or pid
-                ):
-                    log.warning("job %s failed: worker lost %d times", job.id, job.attempts)
-            elif lifecycle.requeue_lost(session, job.id, job.attempts):
+                continue
+            allowed = settings.retries_for(FailureType.WORKER_LOST)
+            lost_before = (job.retry_counts or {}).get(FailureType.WORKER_LOST.value, 0)
+            error = Failure(
+                FailureType.WORKER_LOST,
+                f"the worker running the job, {where}, stopped beating its heartbeat",
+            ).as_error()
+            if lifecycle.retry(session, job.id, job.attempts, error, allowed):
                 log.warning("job %s: worker %s lost; queued again", job.id, name)
+            elif lifecycle.fail_lost(
+                session,
+                job.id,
+                job.attempts,
+                f"the worker running the job was lost {lost_before + 1} time(s), last {where}, and the retry "
+                f"policy allows {allowed} retries (TRAINHUB_RETRY_POLICY worker_lost={allowed}); submit the job again",
+            ):
+                log.warning("job %s failed: worker lost %d times", job.id, lost_before + 1)
 
 
 def _is_lost(job: Job, alive: dict[str, Worker], since: datetime) -> bool:

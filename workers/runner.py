@@ -20,11 +20,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, StatementError
 
 import trainers
-from app import jobs, lifecycle, queue, scheduling, storage
+from app import failures, jobs, lifecycle, queue, scheduling, storage
 from app.config import get_settings
 from app.db import is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
@@ -43,17 +44,6 @@ shutting_down = threading.Event()
 CANCEL_POLL_S = 0.5
 # And whether a job of higher priority waits for its worker (app/scheduling.preempting).
 PREEMPT_POLL_S = 1.0
-
-# Errors a job's user can act on, by exception class name, shown with their own message. Any
-# other exception is "internal": its details (which may hold SQL, a server path or a driver's
-# name) go to the worker's log under a reference, and the user sees only that reference.
-USER_ERRORS = {
-    "DataNotFound": "data_not_found",
-    "DatasetCorrupt": "dataset_corrupt",
-    "HardwareMismatch": "hardware_mismatch",
-    "NanLoss": "nan_loss",
-    "UserCodeFailed": "user_code_error",  # workers/user_code.py: the user's exception and frames
-}
 
 
 def run(
@@ -101,29 +91,52 @@ def run(
         if stop.reason == "superseded":
             log.warning("job %s was handed to another worker; this attempt (%d) stops", job_id, attempt)
             return "superseded"
-        return finish(job_id, attempt, JobStatus.FAILED, error={"type": stop.reason, "message": str(stop)})
+        if stop.reason == failures.FailureType.TIMEOUT:
+            return fail(job_id, attempt, failures.Failure(failures.FailureType.TIMEOUT, str(stop)))
+        return fail(job_id, attempt, failure_of(job_id, stop, worker))
     except Exception as exc:
         if is_transient(exc):  # the database stayed away past db_retry_s: not the job's fault
             log.warning(
                 "job %s: the database was unavailable for %s s; handing the job back", job_id, get_settings().db_retry_s
             )
             return release(job_id, attempt)
-        return finish(job_id, attempt, JobStatus.FAILED, error=user_error(job_id, exc))
+        return fail(job_id, attempt, failure_of(job_id, exc, worker))
 
 
-def user_error(job_id: str, exc: Exception) -> dict:
-    """{"type", "message"} to show the job's user for `exc`; the details go to the log."""
-    kind = USER_ERRORS.get(type(exc).__name__)
-    if kind is not None:
-        log.warning("job %s failed (%s): %s %s", job_id, kind, exc, getattr(exc, "detail", ""))
-        return {"type": kind, "message": str(exc)}
+def failure_of(job_id: str, exc: BaseException, worker: dict | None = None) -> failures.Failure:
+    """What the job's user is shown for `exc` (app/failures.classify, on the worker's hardware):
+    a failure they can act on, with its own message; any other is `internal`, whose details
+    (which may hold SQL, a server path or a driver's name) go to the worker's log under a
+    reference, and the user sees only that reference."""
+    failure = failures.classify(exc, (worker or {}).get("hardware", "cpu"))
+    if failure is not None:
+        log.warning("job %s failed (%s): %s %s", job_id, failure.type, exc, getattr(exc, "detail", ""))
+        return failure
     reference = uuid.uuid4().hex[:12]
-    log.exception("job %s failed: internal error, reference %s", job_id, reference)
-    return {
-        "type": "internal",
-        "message": f"the job stopped on an internal error; the service's operators "
-        f"find its details in the worker's log under reference {reference}",
-    }
+    log.error("job %s failed: internal error, reference %s", job_id, reference, exc_info=exc)
+    return failures.internal(reference)
+
+
+def fail(job_id: str, attempt: int, failure: failures.Failure) -> str:
+    """End this attempt with `failure`: back to the queue when the retry policy retries its type
+    and a retry is left (the job resumes from its checkpoint, `last_error` shows the failure),
+    else failed with it."""
+    allowed = get_settings().retries_for(failure.type)
+    error = failure.as_error()
+
+    def attempt_retry() -> bool:
+        with session_scope() as session:
+            if not lifecycle.retry(session, job_id, attempt, error, allowed):
+                return False
+            job = session.get(Job, job_id)
+            assert job is not None  # retry just moved its row back to queued
+            jobs.enqueue(session, job)  # broker away: the reconciler sends it later
+            return True
+
+    if allowed and retrying(attempt_retry):
+        log.warning("job %s: %s, retried (TRAINHUB_RETRY_POLICY %s=%d)", job_id, failure.type, failure.type, allowed)
+        return JobStatus.QUEUED
+    return finish(job_id, attempt, JobStatus.FAILED, error=error)
 
 
 def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict, serves: list[str]) -> str:
@@ -173,10 +186,20 @@ def run_options(dataset_file: Path | None = None) -> trainers.RunOptions:
 
 
 def read_spec(job_id: str) -> tuple[JobSpec, datetime]:
+    """The claimed job's spec and creation time. Raises SpecNotRunnable (invalid_spec) when the
+    stored spec does not validate here, e.g. on a worker of another version than the API."""
     with session_scope() as session:
         job = session.get(Job, job_id)
         assert job is not None  # this worker claimed it, and jobs are never deleted
-        return JobSpec.model_validate(job.spec), job.created_at
+        try:
+            return JobSpec.model_validate(job.spec), job.created_at
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            field = ".".join(str(part) for part in first["loc"]) or "spec"
+            raise failures.SpecNotRunnable(
+                f"the stored spec does not validate on this worker: {field}: {first['msg']}; fix it and "
+                f"submit the job again ({exc.error_count()} error(s))"
+            ) from None
 
 
 def trial_hook(job_id: str) -> sweeps.TrialHook | None:
@@ -288,7 +311,7 @@ class JobHooks:
         if shutting_down.is_set():
             raise trainers.StopTraining("shutdown", "the worker is shutting down")
         if self.deadline is not None and time.monotonic() > self.deadline:
-            raise trainers.StopTraining("timeout", f"the job ran longer than max_runtime_s={self.max_runtime_s}")
+            raise trainers.StopTraining("timeout", failures.timeout(self.max_runtime_s).message)
         now = time.monotonic()
         if not force and now - self.last_poll < CANCEL_POLL_S:
             return
@@ -390,7 +413,7 @@ def finish(job_id: str, attempt: int, status: JobStatus, **values: object) -> st
     except (ValueError, StatementError) as exc:  # e.g. a NaN in timings or result: JSON has none
         if is_transient(exc):
             raise  # the database stayed away: the reconciler requeues the job
-        values = {"error": user_error(job_id, exc)}
+        values = {"error": failure_of(job_id, exc).as_error()}
         status = JobStatus.FAILED
         retrying(attempt_finish)
     log.info("job %s %s", job_id, status)

@@ -259,7 +259,7 @@ def _error(message: dict[str, Any]) -> Exception:
 
 
 def _own_error(kind: str, text: str) -> Exception:
-    """An exception whose class name is `kind`, so runner.USER_ERRORS types it as the trainers would."""
+    """An exception whose class name is `kind`, so app.failures.classify types it as the trainers would."""
     return type(kind, (Exception,), {})(text)
 
 

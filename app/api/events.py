@@ -44,9 +44,11 @@ async def job_events(
     """Server-sent events of one job, ending after its final status.
 
     - `status` (id 0 queued, 1 running, epochs + 2 the final one): `{"status", "at", "progress", ...}`;
-      the final one carries `result`, `error` and `timings`.
+      the final one carries `result`, `error` (for a failed job: `type` from the closed list of
+      the Job's `error`, `message`, `reason`), `retries` and `timings`.
     - `metrics` (id 1 + epoch): one epoch's metrics, as in `GET /jobs/{id}/metrics`, plus `progress`.
-    - `waiting` (no id): `{"waiting_reason"}` when why a queued job waits changes.
+    - `waiting` (no id): `{"waiting_reason"}` when why a queued job waits changes (a job the retry
+      policy sent back says after which failure).
 
     Reconnect with `Last-Event-ID` to get only what came after (browsers' EventSource does this
     itself). The API key goes in the `Authorization` header as everywhere else: EventSource

@@ -49,11 +49,12 @@ def test_one_side_failing_fails_the_comparison_with_its_error(api, auth):
     torch_id = comparison["jobs"]["pytorch"]["id"]
     with session_scope() as session:  # as the worker records a trainer's exception
         session.execute(update(Job).where(Job.id == torch_id).values(
-            status="failed", error={"type": "RuntimeError", "message": "CUDA out of memory"}))
+            status="failed", error={"type": "out_of_memory", "reason": "device", "message": "CUDA out of memory"}))
         session.commit()
     body = api.get(f"/comparisons/{comparison['id']}", headers=auth).json()
     assert body["status"] == "failed"
-    assert body["error"] == {"framework": "pytorch", "type": "RuntimeError", "message": "CUDA out of memory"}
+    assert body["error"] == {"framework": "pytorch", "type": "out_of_memory", "reason": "device",
+                             "message": "CUDA out of memory"}
     assert body["table"] is None
 
 

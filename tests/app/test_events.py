@@ -16,7 +16,7 @@ def state(status: str, epoch: int = 0, epochs: int = 3, started: bool = True) ->
     return JobState(status=status, framework="jax", hardware="cpu", epochs=epochs, epoch=epoch, attempts=1,
                     created_at=T0, started_at=T0 if started else None, finished_at=T0 if finished else None,
                     result={"test_accuracy": 0.9} if status == "succeeded" else None,
-                    error={"type": "boom", "message": "it broke"} if status == "failed" else None,
+                    error={"type": "internal", "message": "it broke"} if status == "failed" else None,
                     timings=None, worker=None)
 
 
@@ -50,7 +50,7 @@ def test_a_queued_job_is_only_queued_and_a_failed_one_says_why():
     queued = events_after(state("queued", started=False), [], -1)
     assert [e.data for e in queued] == [{"status": "queued", "at": "2026-01-01T00:00:00Z", "progress": {"epoch": 0, "epochs": 3}}]
     failed = events_after(state("failed", epoch=1), [metric(1)], last_id=2)
-    assert [(e.id, e.data["status"], e.data["error"]["type"]) for e in failed] == [(5, "failed", "boom")]
+    assert [(e.id, e.data["status"], e.data["error"]["type"]) for e in failed] == [(5, "failed", "internal")]
 
 
 def test_a_job_a_lost_worker_left_keeps_the_epochs_it_ran():

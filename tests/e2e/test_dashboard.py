@@ -107,7 +107,7 @@ def test_watch_training_compare_and_download_in_the_browser(service, page, shots
     expect(finished_row).to_contain_text(f"{100 * done['result']['test_accuracy']:.2f}%")
     # the list updates live: the long job is seen starting without a reload
     expect(page.locator(f'tr[data-job-id="{running["id"]}"] .badge')).to_have_text("running", timeout=90_000)
-    expect(page.locator(f'tr[data-job-id="{broken["id"]}"]')).to_contain_text("dataset_corrupt")
+    expect(page.locator(f'tr[data-job-id="{broken["id"]}"]')).to_contain_text("data_error (dataset_corrupt)")
     page.select_option("#filter-status", "succeeded")
     expect(rows).to_have_count(1)
     expect(page).to_have_url(re.compile(r"/\?status=succeeded$"))
@@ -133,7 +133,7 @@ def test_watch_training_compare_and_download_in_the_browser(service, page, shots
 
     # a failed job says why, plainly
     page.goto(f"{service.url}/ui/jobs/{broken['id']}")
-    expect(page.locator("#job-error")).to_contain_text("Failed: dataset_corrupt")
+    expect(page.locator("#job-error")).to_contain_text("Failed: data_error (dataset_corrupt)")
     expect(page.locator("#job-error")).to_contain_text("upload the dataset again")
     page.screenshot(path=shots / "04-failed-job.png", full_page=True)
 

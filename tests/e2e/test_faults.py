@@ -86,7 +86,7 @@ def test_kill_9_mid_epoch_resumes_from_checkpoint_with_identical_results(faults,
         job = client.wait(job["id"], timeout_s=240)
 
     assert job["status"] == "succeeded", job["error"]
-    assert job["attempts"] == 2
+    assert job["attempts"] == 2 and job["retries"] == 1 and job["last_error"]["type"] == "worker_lost"
     assert [m["epoch"] for m in job["metrics"]] == list(range(1, epochs + 1))
     for name in ("test_accuracy", "test_loss"):
         assert job["result"][name] == pytest.approx(whole["result"][name], abs=1e-6)

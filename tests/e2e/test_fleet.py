@@ -166,14 +166,16 @@ def test_a_worker_whose_heartbeat_stops_is_offline_and_its_job_is_not_left_runni
         requeued = wait_for(lambda: (j := client.get(job["id"]))["status"] == "queued" and j, 20,
                             "the job to go back to its queue")
         assert requeued["attempts"] == 1
-        assert requeued["waiting_reason"] == "no online worker serves cpu.pytorch"
+        assert requeued["retries"] == 1 and requeued["last_error"]["type"] == "worker_lost"  # the policy's default
+        assert requeued["waiting_reason"].startswith("retry 1 after worker_lost (")
+        assert requeued["waiting_reason"].endswith("): no online worker serves cpu.pytorch")
         assert {q["name"]: q for q in client.workers()["queues"]}["cpu.pytorch"]["workers_online"] == 0
     finally:
         torch_process.send_signal(signal.SIGCONT)
     # The worker comes back: its stale run is fenced off, and it resumes the job from the checkpoint.
     done = client.wait(job["id"], timeout_s=180)
     assert done["status"] == "succeeded", done["error"]
-    assert done["attempts"] == 2
+    assert done["attempts"] == 2 and done["retries"] == 1 and done["error"] is None
     assert [m["epoch"] for m in done["metrics"]] == list(range(1, 16))
     assert fleet.worker_row(torch_worker)["online"]
 

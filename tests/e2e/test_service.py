@@ -128,7 +128,7 @@ def test_missing_data_is_refused_or_fails_clearly_and_worker_goes_on(service, tm
         # Data damaged after upload is found by the worker's hash check: the job fails plainly.
         job = client.wait(damaged_dataset_job(service, client, tmp_path, epochs=1)["id"], timeout_s=180)
         assert job["status"] == "failed"
-        assert job["error"]["type"] == "dataset_corrupt", job["error"]
+        assert (job["error"]["type"], job["error"]["reason"]) == ("data_error", "dataset_corrupt"), job["error"]
         assert "upload the dataset again" in job["error"]["message"]
         assert str(service.artifact_dir) not in job["error"]["message"] and "/tmp" not in job["error"]["message"]
         assert job["metrics"] == [] and job["artifacts"] == []

@@ -56,7 +56,7 @@ def test_each_transition_refuses_the_states_it_must(job_id):
         assert lifecycle.finish(s, job_id, 2, JobStatus.SUCCEEDED) is False  # another attempt's finish
         assert lifecycle.release(s, job_id, 1) == JobStatus.QUEUED
         assert lifecycle.finish(s, job_id, 1, JobStatus.SUCCEEDED) is False  # a finish of a released job
-        assert lifecycle.requeue_lost(s, job_id, 0) is False  # only running jobs are lost
+        assert lifecycle.retry(s, job_id, 0, {"type": "worker_lost", "message": "gone"}, 2) is False  # not running
         lifecycle.cancel(s, job_id)
         assert lifecycle.claim(s, job_id, {"name": "w"}, utcnow()) is None  # a cancelled job is never claimed
     assert row(job_id).status == JobStatus.CANCELLED and row(job_id).attempts == 0
@@ -72,7 +72,7 @@ def test_a_finished_job_cannot_be_cancelled_or_requeued(job_id):
         attempt = lifecycle.claim(s, job_id, {"name": "w"}, utcnow())
         assert lifecycle.finish(s, job_id, attempt, JobStatus.SUCCEEDED)
         lifecycle.cancel(s, job_id)
-        assert lifecycle.requeue_lost(s, job_id, attempt) is False
+        assert lifecycle.retry(s, job_id, attempt, {"type": "worker_lost", "message": "gone"}, 2) is False
         assert lifecycle.fail_lost(s, job_id, attempt, "gone") is False
     assert row(job_id).status == JobStatus.SUCCEEDED and not row(job_id).cancel_requested
 

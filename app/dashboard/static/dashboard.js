@@ -354,9 +354,14 @@
       whyCell(job));
   }
 
+  // A failure's type from the closed list, with its finer cause: "data_error (data_not_found)".
+  function failureName(error) {
+    return error.reason ? `${error.type} (${error.reason})` : error.type;
+  }
+
   // Why a job waits, or why it failed (shortened; the job page has the whole message).
   function whyCell(job) {
-    const text = job.waiting_reason || (job.error ? `${job.error.type}: ${job.error.message}` : "") ||
+    const text = job.waiting_reason || (job.error ? `${failureName(job.error)}: ${job.error.message}` : "") ||
       (job.pruned ? job.pruned.reason : "");
     return h("td", {class: job.error ? "error small" : "muted small", title: text},
       text.length > 120 ? `${text.slice(0, 117)}…` : text);
@@ -453,9 +458,14 @@
       job.metrics.forEach(addEpoch);
       const failed = job.status === "failed" && job.error;
       $("job-error").hidden = !failed;
-      if (failed) replace($("job-error"), h("strong", {}, `Failed: ${job.error.type}`), h("br"), job.error.message);
+      if (failed) replace($("job-error"), h("strong", {}, `Failed: ${failureName(job.error)}`), h("br"), job.error.message);
       $("job-waiting").hidden = !job.waiting_reason;
       $("job-waiting").textContent = job.waiting_reason ? `Waiting: ${job.waiting_reason}` : "";
+      // A job the retry policy sent back: which failure, how often (while queued the waiting hint says it).
+      const retried = job.retries > 0 && job.last_error && job.status !== "queued";
+      $("job-retried").hidden = !retried;
+      $("job-retried").textContent = retried ?
+        `Retried ${job.retries} time${job.retries === 1 ? "" : "s"}; last after ${failureName(job.last_error)}: ${job.last_error.message}` : "";
       renderTrial();
       $("job-pruned").hidden = !job.pruned;
       if (job.pruned) {
@@ -659,7 +669,7 @@
       }
       const error = comparison.error;
       $("comparison-error").hidden = !error;
-      if (error) $("comparison-error").textContent = `${error.framework ? `${error.framework}: ` : ""}${error.type}: ${error.message}`;
+      if (error) $("comparison-error").textContent = `${error.framework ? `${error.framework}: ` : ""}${failureName(error)}: ${error.message}`;
       const parity = comparison.parity;
       $("comparison-parity").hidden = !parity;
       if (parity) {

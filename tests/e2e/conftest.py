@@ -28,8 +28,11 @@ def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
 
 
 def pytest_collection_modifyitems(items):
+    # The hook sees the whole session's items, not only this folder's: mark only the e2e tests.
+    here = Path(__file__).parent
     for item in items:
-        item.add_marker(pytest.mark.e2e)
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @dataclass

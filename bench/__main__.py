@@ -31,7 +31,8 @@ One run measures, on the same data and machine, in turns:
 It prints the tables and a PASS/FAIL line per target of issue 3, and writes bench/results.json.
 `--quick` runs every part at toy sizes (1-2 minutes): a smoke test of the code, not a
 measurement. `--only api` runs part 7 alone (the service started, no training jobs), for work on
-the API's throughput; `--only scale` part 8 alone, its figures merged into the results file. The service parts use their own database and Redis db (see --database-url,
+the API's throughput; `--only scale` part 8 alone, its figures merged into the results file.
+The service parts use their own database and Redis db (see --database-url,
 --redis-url; the database is created when the server has none of its name) and are skipped,
 saying why, when those are unreachable.
 """
@@ -130,7 +131,7 @@ class Config:
                    upload_rounds=1, upload_csv_bytes=2 * 10**6, dataset_train_limit=1024, scale_sizes=(100, 1000),
                    scale_requests=20, scale_streams=20, scale_window_s=2.0, scale_stream_epochs=10, one_process=True)
 
-    def scale(self) -> "ScaleConfig":
+    def scale(self) -> ScaleConfig:
         from bench.scale import ScaleConfig
 
         return ScaleConfig(sizes=self.scale_sizes, requests=self.scale_requests, warmup=min(20, self.scale_requests),

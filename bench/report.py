@@ -198,9 +198,10 @@ def scale_criteria(results: dict) -> list[Criterion]:
         small, large = at_first["p99_best_round_ms"], at_last["p99_best_round_ms"]
         out.append(Criterion(
             label.replace("the most jobs stored vs the fewest", f"{last['jobs']:,} jobs vs {first['jobs']:,}"), target,
-            f"{large:.1f} ms vs {small:.1f} ms = {large / small:.2f} x (p99 of the best of {len(at_last['p99_by_round_ms'])} "
-            f"rounds; over all requests {at_last['p99_ms']:.1f} vs {at_first['p99_ms']:.1f} ms, p50 "
-            f"{at_last['p50_ms']:.1f} vs {at_first['p50_ms']:.1f} ms)", large <= SCALE_P99_FACTOR * small))
+            f"{large:.1f} ms vs {small:.1f} ms = {large / small:.2f} x (p99 of the best of "
+            f"{len(at_last['p99_by_round_ms'])} rounds; over all requests {at_last['p99_ms']:.1f} vs "
+            f"{at_first['p99_ms']:.1f} ms, p50 {at_last['p50_ms']:.1f} vs {at_first['p50_ms']:.1f} ms)",
+            large <= SCALE_P99_FACTOR * small))
     streams = scale.get("streams")
     label = "scale: database transactions/s with the streams open and idle"
     stream_target = f"<= with none open (+{STREAMS_SLACK_PER_S:g}/s)"
@@ -250,8 +251,9 @@ def scale_table(results: dict) -> list[str]:
     if streams := scale.get("streams"):
         delay = streams["epoch_to_event"]
         lines.append(f"streams: {streams['opened']['open']} of {streams['streams']} open in "
-                     f"{streams['opened']['open_s']:.1f} s; database transactions/s {streams['none_open']['per_s']:.1f} "
-                     f"none open, {streams['open_idle']['per_s']:.1f} open and idle; epoch -> event p50 "
+                     f"{streams['opened']['open_s']:.1f} s; database transactions/s "
+                     f"{streams['none_open']['per_s']:.1f} none open, {streams['open_idle']['per_s']:.1f} open and "
+                     f"idle; epoch -> event p50 "
                      f"{_fmt(delay['p50_ms'], 1)} ms, p99 {_fmt(delay['p99_ms'], 1)} ms")
     return lines
 

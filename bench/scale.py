@@ -333,7 +333,7 @@ def measure_endpoints(url: str, keys: dict, database_url: str, redis_url: str, c
     statuses: dict[str, dict[str, int]] = {name: {} for name in plan}
     created: list[str] = []
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as client:
-        for name, (method, paths, body, headers) in plan.items():
+        for method, paths, body, headers in plan.values():
             created += timed(client, method, paths, config.warmup, body, headers)[2]
         for _ in range(ROUNDS):
             for name, (method, paths, body, headers) in plan.items():

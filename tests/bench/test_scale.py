@@ -78,8 +78,8 @@ def test_scale_row_measures_every_endpoint_and_the_streams(database_url, redis_u
     forget_unfinished_jobs(database_url)
     out = tmp_path / "results.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--only", "scale", "--quick", "--scale-sizes", "100,300", "--scale-streams", "20",
-         "--scale-database-url", database_url, "--redis-url", redis_url, "--out", str(out)],
+        [sys.executable, "-m", "bench", "--only", "scale", "--quick", "--scale-sizes", "100,300",
+         "--scale-streams", "20", "--scale-database-url", database_url, "--redis-url", redis_url, "--out", str(out)],
         cwd=repo_root, capture_output=True, text=True, timeout=540,
     )
     assert done.returncode == 0, done.stderr[-3000:]

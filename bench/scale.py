@@ -8,7 +8,9 @@ rows are emptied first, so every run starts from nothing):
    cancelled), with real specs, results, timings and worker JSON, ten epoch_metrics rows each;
    then `app.tallies.fill` (the rows are inserted with the tally triggers off, so /metrics is
    counted once from them, as `trainhub rebuild-metrics` does) and VACUUM ANALYZE;
-2. at each size, p50/p99 of sequential requests of one key (a quarter of the jobs are its):
+2. at each size, p50/p99 of sequential requests of one key (a quarter of the jobs are its), and
+   the same on a reference database of the first size (`<name>_ref`, its own API) in the same
+   rounds, alternating, so the two are compared under the same load of a shared machine:
    `GET /metrics` (the service-wide scrape of an admin key, and the key's own),
    `GET /jobs?limit=50`, `GET /jobs?status=failed&limit=50`, `GET /jobs/{id}` and
    `GET /jobs/{id}/metrics` (ids sampled across the whole table), and `POST /jobs` to a queue
@@ -23,7 +25,7 @@ rows are emptied first, so every run starts from nothing):
 
 The API runs without a worker (nothing trains; the reconciler, which lives in workers, does not
 touch the rows), over the bench's Redis db. The targets: each endpoint's p99 at the last size
-within 1.5 x its p99 at the first; transactions per second with the streams open no more than
+within 1.5 x the reference's, timed in the same rounds; transactions per second with the streams open no more than
 with none; the epoch-to-event delay's p99 under 100 ms (bench/report.py).
 """
 
@@ -307,19 +309,20 @@ TARGETED = ("GET /metrics (admin)", "GET /jobs?limit=50", "GET /jobs/{id}", "GET
 ROUNDS = 3
 
 
-def measure_endpoints(url: str, keys: dict, database_url: str, redis_url: str, config: ScaleConfig) -> dict:
-    """Each endpoint's timings at the current size (see ENDPOINTS): `config.warmup` requests of
-    each, then ROUNDS rounds of `config.requests` / ROUNDS each, the endpoints in turn. p50 and p99
-    over every timed request, and each round's p99: other processes on a shared machine only ever
-    add time, so the best round's p99 (`p99_best_round_ms`, what the target is judged on) is the
-    one least disturbed. The POSTed jobs are deleted after, with their broker messages."""
-    import redis
-    from sqlalchemy import create_engine, text
+@dataclass
+class Target:
+    """A service timed by measure_endpoints: its URL, its database and the keys made there."""
 
-    owner_id, secret = keys["owners"][0]
-    ids = sample_ids(database_url, owner_id, 200)
-    admin = {"Authorization": f"Bearer {keys['admin'][1]}"}
-    plan = {
+    url: str
+    database_url: str
+    keys: dict
+
+
+def _plan(target: Target) -> dict:
+    """{endpoint: (method, paths, body, headers)} for `target`'s first key (ids sampled there)."""
+    ids = sample_ids(target.database_url, target.keys["owners"][0][0], 200)
+    admin = {"Authorization": f"Bearer {target.keys['admin'][1]}"}
+    return {
         "GET /metrics (admin)": ("GET", ["/metrics"], None, admin),
         "GET /metrics (own key)": ("GET", ["/metrics"], None, None),
         "GET /jobs?limit=50": ("GET", ["/jobs?limit=50"], None, None),
@@ -328,36 +331,70 @@ def measure_endpoints(url: str, keys: dict, database_url: str, redis_url: str, c
         "GET /jobs/{id}/metrics": ("GET", [f"/jobs/{i}/metrics" for i in ids], None, None),
         "POST /jobs": ("POST", ["/jobs"], POST_SPEC, None),
     }
+
+
+def measure_endpoints(targets: list[Target], redis_url: str, config: ScaleConfig) -> list[dict]:
+    """Each endpoint's timings on each target (see ENDPOINTS): `config.warmup` requests of each,
+    then ROUNDS rounds of `config.requests` / ROUNDS each, the endpoints in turn and the targets
+    alternating (their order reversed every other round), so a change in the machine's load
+    falls on all of them alike. p50 and p99 over every timed request, and each round's p99:
+    other processes on a shared machine only ever add time, so the best round's p99
+    (`p99_best_round_ms`, what the target is judged on) is the one least disturbed. The POSTed
+    jobs are deleted after, with their broker messages."""
+    import redis
+    from sqlalchemy import create_engine, text
+
+    plans = [_plan(target) for target in targets]
     per_round = max(1, config.requests // ROUNDS)
-    rounds: dict[str, list[list[float]]] = {name: [] for name in plan}
-    statuses: dict[str, dict[str, int]] = {name: {} for name in plan}
-    created: list[str] = []
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as client:
-        for method, paths, body, headers in plan.values():
-            created += timed(client, method, paths, config.warmup, body, headers)[2]
-        for _ in range(ROUNDS):
-            for name, (method, paths, body, headers) in plan.items():
-                latencies, codes, new = timed(client, method, paths, per_round, body, headers)
-                rounds[name].append(latencies)
-                created += new
-                for code, count in codes.items():
-                    statuses[name][code] = statuses[name].get(code, 0) + count
-    engine = create_engine(database_url)
+    rounds: list[dict[str, list[list[float]]]] = [{name: [] for name in ENDPOINTS} for _ in targets]
+    statuses: list[dict[str, dict[str, int]]] = [{name: {} for name in ENDPOINTS} for _ in targets]
+    created: list[list[str]] = [[] for _ in targets]
+    clients = [httpx.Client(base_url=target.url, timeout=60,
+                            headers={"Authorization": f"Bearer {target.keys['owners'][0][1]}"}) for target in targets]
     try:
-        with engine.begin() as connection:
-            connection.execute(text("DELETE FROM jobs WHERE id = ANY(:ids)"), {"ids": created})
+        for index, plan in enumerate(plans):
+            for method, paths, body, headers in plan.values():
+                created[index] += timed(clients[index], method, paths, config.warmup, body, headers)[2]
+        for r in range(ROUNDS):
+            order = list(range(len(targets)))
+            for index in order if r % 2 == 0 else order[::-1]:
+                for name, (method, paths, body, headers) in plans[index].items():
+                    latencies, codes, new = timed(clients[index], method, paths, per_round, body, headers)
+                    rounds[index][name].append(latencies)
+                    created[index] += new
+                    for code, count in codes.items():
+                        statuses[index][name][code] = statuses[index][name].get(code, 0) + count
     finally:
-        engine.dispose()
+        for client in clients:
+            client.close()
+    for target, ids in zip(targets, created):
+        engine = create_engine(target.database_url)
+        try:
+            with engine.begin() as connection:
+                connection.execute(text("DELETE FROM jobs WHERE id = ANY(:ids)"), {"ids": ids})
+        finally:
+            engine.dispose()
     redis.Redis.from_url(redis_url).delete(POST_QUEUE)
-    out = {}
-    for name, by_round in rounds.items():
-        every = [latency for latencies in by_round for latency in latencies]
-        round_p99 = [percentile(latencies, 0.99) for latencies in by_round]
-        out[name] = {"requests": len(every), "p50_ms": percentile(every, 0.5), "p99_ms": percentile(every, 0.99),
-                     "p99_best_round_ms": min(round_p99), "p99_by_round_ms": round_p99, "max_ms": max(every),
-                     "statuses": statuses[name]}
-    out["POST /jobs"]["created_and_deleted"] = len(created)
-    return out
+    results = []
+    for index in range(len(targets)):
+        out = {}
+        for name, by_round in rounds[index].items():
+            every = [latency for latencies in by_round for latency in latencies]
+            round_p99 = [percentile(latencies, 0.99) for latencies in by_round]
+            out[name] = {"requests": len(every), "p50_ms": percentile(every, 0.5), "p99_ms": percentile(every, 0.99),
+                         "p99_best_round_ms": min(round_p99), "p99_by_round_ms": round_p99, "max_ms": max(every),
+                         "statuses": statuses[index][name]}
+        out["POST /jobs"]["created_and_deleted"] = len(created[index])
+        results.append(out)
+    return results
+
+
+def reference_url(database_url: str) -> str:
+    """The reference database beside the grown one: its name with `_ref`."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    return url.set(database=f"{url.database}_ref").render_as_string(hide_password=False)
 
 
 # --- the streams --------------------------------------------------------------------------------
@@ -511,27 +548,39 @@ def measure(database_url: str, redis_url: str, root: Path, config: ScaleConfig) 
 
     if not database_url.startswith("postgresql"):
         return {"skipped": f"the scale row bulk-loads PostgreSQL; {database_url.split(':')[0]} is not"}
-    if ensure_database(database_url):
-        log(f"created the database {database_url}")
-    keys = reset(database_url)
+    ref_url = reference_url(database_url)
+    for url in (database_url, ref_url):
+        if ensure_database(url):
+            log(f"created the database {url}")
+    keys, ref_keys = reset(database_url), reset(ref_url)
     owners = [owner_id for owner_id, _ in keys["owners"]]
-    service = Service(database_url, redis_url, root, api_workers=config.api_workers, with_worker=False)
-    out: dict = {"config": {**config.__dict__, "sizes": list(config.sizes)}, "sizes": []}
+    service = Service(database_url, redis_url, root / "grown", api_workers=config.api_workers, with_worker=False)
+    reference = Service(ref_url, redis_url, root / "reference", api_workers=config.api_workers, with_worker=False)
+    out: dict = {"config": {**config.__dict__, "sizes": list(config.sizes)}, "reference_database_url": ref_url,
+                 "sizes": []}
     have = 0
     try:
+        log(f"scale: the reference database, {config.sizes[0]:,} jobs ({EPOCHS_PER_JOB} epochs each)")
+        out["reference_growth"] = grow(ref_url, [owner_id for owner_id, _ in ref_keys["owners"]], 0, config.sizes[0])
+        reference.start()
         for index, size in enumerate(config.sizes):
             log(f"scale: growing to {size:,} jobs ({EPOCHS_PER_JOB} epochs each)")
             growth = grow(database_url, owners, have, size)
             have = size
             if index == 0:
                 service.start()
-            log(f"scale: {size:,} jobs stored in {growth['total_s']:.0f} s; timing the endpoints")
-            row = {"jobs": size, "growth": growth, "stored": stored(database_url),
-                   "endpoints": measure_endpoints(service.url, keys, database_url, redis_url, config)}
+            log(f"scale: {size:,} jobs stored in {growth['total_s']:.0f} s; timing the endpoints, and the "
+                f"{config.sizes[0]:,}-job reference in the same rounds")
+            grown, alongside = measure_endpoints(
+                [Target(service.url, database_url, keys), Target(reference.url, ref_url, ref_keys)], redis_url, config)
+            row = {"jobs": size, "growth": growth, "stored": stored(database_url), "endpoints": grown,
+                   "reference": alongside}
             out["sizes"].append(row)
             for name, timing in row["endpoints"].items():
                 log(f"  {name}: p50 {timing['p50_ms']:.1f} ms, p99 {timing['p99_ms']:.1f} ms "
-                    f"(best round {timing['p99_best_round_ms']:.1f} ms)")
+                    f"(best round {timing['p99_best_round_ms']:.1f} ms; the reference's "
+                    f"{alongside[name]['p99_best_round_ms']:.1f} ms)")
+        reference.stop()
         if config.streams:
             try:
                 out["streams"] = measure_streams(service.url, keys, database_url, config)
@@ -539,5 +588,6 @@ def measure(database_url: str, redis_url: str, root: Path, config: ScaleConfig) 
                 out["streams_error"] = f"{type(exc).__name__}: {exc}"
                 log(f"streams failed: {out['streams_error']}")
     finally:
+        reference.stop()
         service.stop()
     return out

@@ -114,7 +114,7 @@ class Config:
     # The scale row (bench/scale.py): the sizes grown to, timed requests per endpoint and size,
     # event streams held open, each transactions/s window.
     scale_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
-    scale_requests: int = 300
+    scale_requests: int = 600
     scale_streams: int = 1000
     scale_window_s: float = 10.0
     scale_stream_epochs: int = 50

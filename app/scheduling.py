@@ -116,9 +116,14 @@ _OLDEST_OF_OWNER = (
     .order_by(Job.created_at, Job.id)
     .limit(1)
 )
-# A key's jobs running in the queue and its latest claim there (as _TURNS reads them).
-_STANDING = select(func.count().filter(Job.status == JobStatus.RUNNING.value), func.max(Job.started_at)).where(
-    Job.owner_id == bindparam("owner_id"), *_in_queue(Job)
+# A key's jobs running in the queue and its latest claim there, as _TURNS reads them: each from
+# its index (ix_jobs_owner_id_status, ix_jobs_owner_queue_started), never the key's whole history
+# in the queue (one aggregate over both would read every job it ever ran there).
+_STANDING = select(
+    select(func.count())
+    .where(Job.owner_id == bindparam("owner_id"), Job.status == JobStatus.RUNNING.value, *_in_queue(Job))
+    .scalar_subquery(),
+    select(func.max(Job.started_at)).where(Job.owner_id == bindparam("owner_id"), *_in_queue(Job)).scalar_subquery(),
 )
 _TOP_LEVEL = select(func.max(Job.priority)).where(Job.status == _QUEUED, *_in_queue(Job))
 _HIGHER = select(func.count()).where(Job.status == _QUEUED, *_in_queue(Job), Job.priority > bindparam("priority"))

@@ -22,12 +22,17 @@ One run measures, on the same data and machine, in turns:
    is sampled, against `cp` of the same file; a valid 50 MB CSV uploaded end to end; a job's
    data_s on that dataset with the worker's cache cold, then warm;
 7. the API under load from a second process: POST /jobs flat out, then GET /jobs/{id} at a
-   steady rate; every accepted job must be stored and queued exactly once.
+   steady rate; every accepted job must be stored and queued exactly once;
+8. the scale row (bench/scale.py, issue 21): on a database of its own, grown to 10^3, 10^5 and
+   10^6 stored jobs, the p50/p99 of /metrics, the job list, a job, its metrics and POST /jobs at
+   each size; then 1,000 event streams held open (the database's transactions per second, and
+   the delay from an epoch stored to its event reaching the client).
 
 It prints the tables and a PASS/FAIL line per target of issue 3, and writes bench/results.json.
 `--quick` runs every part at toy sizes (1-2 minutes): a smoke test of the code, not a
 measurement. `--only api` runs part 7 alone (the service started, no training jobs), for work on
-the API's throughput. The service parts use their own database and Redis db (see --database-url,
+the API's throughput; `--only scale` part 8 alone, its figures merged into the results file.
+The service parts use their own database and Redis db (see --database-url,
 --redis-url; the database is created when the server has none of its name) and are skipped,
 saying why, when those are unreachable.
 """
@@ -45,14 +50,19 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import flops as flops_model
 from bench import report
 from bench.procs import die_with_parent
 from bench.loops import CNN_LOOPS, ISSUE_LOOPS, RESNET_LOOPS, RESULT_PREFIX, steady, trainer_spec
 
+if TYPE_CHECKING:
+    from bench.scale import ScaleConfig
+
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
+DEFAULT_SCALE_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_scale"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 
 
@@ -101,6 +111,13 @@ class Config:
     upload_rounds: int = 3
     upload_csv_bytes: int = 50 * 10**6
     dataset_train_limit: int = 10000
+    # The scale row (bench/scale.py): the sizes grown to, timed requests per endpoint and size,
+    # event streams held open, each transactions/s window.
+    scale_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
+    scale_requests: int = 600
+    scale_streams: int = 1000
+    scale_window_s: float = 10.0
+    scale_stream_epochs: int = 50
     loops: tuple[str, ...] = ISSUE_LOOPS
     one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process
 
@@ -111,7 +128,15 @@ class Config:
                    api_post_s=1.0, api_get_s=1.0, api_get_rate=50.0, api_concurrency=4,
                    matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, resnet_epochs=2, resnet_train_limit=256,
                    resnet_test_limit=256, resnet_rounds=1, upload_stream_bytes=64 * 1024**2,
-                   upload_rounds=1, upload_csv_bytes=2 * 10**6, dataset_train_limit=1024, one_process=True)
+                   upload_rounds=1, upload_csv_bytes=2 * 10**6, dataset_train_limit=1024, scale_sizes=(100, 1000),
+                   scale_requests=20, scale_streams=20, scale_window_s=2.0, scale_stream_epochs=10, one_process=True)
+
+    def scale(self) -> ScaleConfig:
+        from bench.scale import ScaleConfig
+
+        return ScaleConfig(sizes=self.scale_sizes, requests=self.scale_requests, warmup=min(20, self.scale_requests),
+                           streams=self.scale_streams, window_s=self.scale_window_s,
+                           stream_epochs=self.scale_stream_epochs, api_workers=self.api_workers)
 
 
 def log(message: str) -> None:
@@ -403,6 +428,48 @@ def measure_api(config: Config, service, database_url: str, redis_url: str) -> d
     return api_out
 
 
+def measure_scale(config: Config, database_url: str, redis_url: str, root: Path) -> dict:
+    """Part 8 (bench/scale.py); {"skipped": why} when its services are not there or it fails."""
+    from bench import scale
+
+    why = services_unavailable(database_url, redis_url)
+    if why:
+        log(f"scale row skipped: {why}")
+        return {"skipped": why}
+    scale.log = log
+    try:
+        out = scale.measure(database_url, redis_url, root, config.scale())
+    except Exception as exc:
+        log(f"scale row failed: {type(exc).__name__}: {exc}")
+        return {"skipped": f"the scale row failed: {type(exc).__name__}: {exc}"}
+    out["database_url"] = database_url
+    return out
+
+
+def run_scale_only(config: Config, args: argparse.Namespace) -> int:
+    """`--only scale`: part 8 alone; its figures and verdicts replace those in the results file
+    (bench/results.json unless --out), the other parts' are kept."""
+    started = time.perf_counter()
+    out_path = args.out or DEFAULT_OUT
+    results: dict = json.loads(out_path.read_text()) if out_path.exists() else {"config": asdict(config)}
+    with tempfile.TemporaryDirectory(prefix="trainhub-bench-") as tmp:
+        scale = measure_scale(config, args.scale_database_url, args.redis_url, Path(tmp) / "scale")
+    scale["started_at"] = datetime.fromtimestamp(time.time() - (time.perf_counter() - started), timezone.utc).isoformat(
+        timespec="seconds")
+    scale["duration_s"] = time.perf_counter() - started
+    scale["quick"] = args.quick
+    scale["host"] = {"cpus": len(os.sched_getaffinity(0)), "load_avg_at_end": os.getloadavg()}
+    results["scale"] = scale
+    verdicts = report.criteria(results)
+    results["criteria"] = [c.to_dict() for c in verdicts]
+    scale_verdicts = [c for c in verdicts if c.name.startswith("scale: ")]
+    print("\n".join([*report.scale_table(results), "", *report.criteria_lines(scale_verdicts)]), flush=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"results written to {out_path}")
+    return 0
+
+
 def services_unavailable(database_url: str, redis_url: str) -> str | None:
     """None when the service parts can run: the database is created if the server lacks it
     (`make bench`'s `bench`), then PostgreSQL and Redis must answer. Otherwise why not, in words."""
@@ -456,8 +523,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-cnn", action="store_true", help="skip the CNN rows (both trainers on the CNN)")
     parser.add_argument("--skip-resnet", action="store_true",
                         help="skip the resnet8 rows (both trainers on the resnet8 preset)")
-    parser.add_argument("--only", choices=["api"], help="run one part alone: api (POST and GET load against the "
-                                                        "service; results written only with --out)")
+    parser.add_argument("--only", choices=["api", "scale"],
+                        help="run one part alone: api (POST and GET load against the service; results written only "
+                             "with --out), scale (the scale row; merged into the results file)")
+    parser.add_argument("--skip-scale", action="store_true", help="skip the scale row (part 8)")
+    parser.add_argument("--scale-database-url",
+                        default=os.environ.get("TRAINHUB_BENCH_SCALE_DATABASE_URL", DEFAULT_SCALE_DATABASE_URL),
+                        help="PostgreSQL database of the scale row, emptied of its rows and grown at each run (env "
+                             "TRAINHUB_BENCH_SCALE_DATABASE_URL)")
+    parser.add_argument("--scale-sizes", help="jobs stored at each step of the scale row, comma-separated (default "
+                                              "1000,100000,1000000; quick 100,1000)")
+    parser.add_argument("--scale-streams", type=int, help="event streams the scale row holds open (default 1000; "
+                                                          "quick 20; 0: none)")
     parser.add_argument("--api-workers", type=int, help=f"uvicorn processes serving the API (default "
                                                           f"{Config.api_workers})")
     parser.add_argument("--out", type=Path, default=None, help=f"results file (default {DEFAULT_OUT}; quick: none "
@@ -471,8 +548,14 @@ def main(argv: list[str] | None = None) -> int:
         config.rounds = args.rounds
     if args.api_workers:
         config.api_workers = args.api_workers
+    if args.scale_sizes:
+        config.scale_sizes = tuple(int(n) for n in args.scale_sizes.split(","))
+    if args.scale_streams is not None:
+        config.scale_streams = args.scale_streams
     if args.only == "api":
         return run_api_only(config, args)
+    if args.only == "scale":
+        return run_scale_only(config, args)
     out_path = args.out or (None if args.quick else DEFAULT_OUT)
     started = time.perf_counter()
     results: dict = {
@@ -539,6 +622,8 @@ def main(argv: list[str] | None = None) -> int:
                     config, args.database_url, args.redis_url, root / "service")
                 results["service"]["database_url"] = args.database_url
                 results["service"]["redis_url"] = args.redis_url
+        results["scale"] = ({"skipped": "--skip-scale"} if args.skip_scale or args.skip_service else
+                            measure_scale(config, args.scale_database_url, args.redis_url, root / "scale"))
 
     verdicts = report.criteria(results)
     results["criteria"] = [c.to_dict() for c in verdicts]
@@ -573,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     dataset_lines = report.datasets_table(results)
     if dataset_lines:
         lines += [*dataset_lines, ""]
+    scale_lines = report.scale_table(results)
+    if scale_lines:
+        lines += [*scale_lines, ""]
     lines += report.criteria_lines(verdicts)
     passed = sum(c.passed is True for c in verdicts)
     failed = sum(c.passed is False for c in verdicts)

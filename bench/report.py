@@ -19,6 +19,11 @@ RSS_TOLERANCE = 0.10       # worker RSS after 20 jobs within 10% of after the fi
 POST_RATE = 150.0          # accepted POST /jobs per second, for 10 s
 GET_RATE, GET_P99_MS = 200.0, 25.0  # GET /jobs/{id} offered at 200/s: p99 <= 25 ms
 UPLOAD_RSS_MB = 100.0      # the API's resident memory grows by < 100 MB while a 1 GB upload streams
+# Issue 21's scale row (bench/scale.py).
+SCALE_P99_FACTOR = 1.5     # each endpoint's p99 at the largest size within 1.5 x its p99 at the smallest
+STREAMS_SLACK_PER_S = 1.0  # transactions/s with the streams open <= with none (+1/s: counts reach
+                           # pg_stat_database within a second of a backend going idle)
+EVENT_DELAY_P99_MS = 100.0  # an epoch stored -> its `metrics` event at the client, p99
 
 # The seed each trainer loop is held against.
 SEED_OF = {"jax_trainer": "jax_seed", "torch_trainer": "torch_seed", "torch_compile": "torch_seed",
@@ -157,6 +162,7 @@ def criteria(results: dict) -> list[Criterion]:
                              None, note=service.get("skipped", "")))
 
     out.append(upload_rss_criterion(results))
+    out.extend(scale_criteria(results))
 
     api = results.get("api", {})
     post, integrity, get = api.get("post"), api.get("integrity"), api.get("get")
@@ -185,6 +191,93 @@ def criteria(results: dict) -> list[Criterion]:
         out.append(Criterion(f"GET /jobs/{{id}} p99 at {GET_RATE:g}/s offered", f"<= {GET_P99_MS:g} ms",
                              "not measured", None, note=(get or {}).get("error") or api.get("skipped", "")))
     return out
+
+
+def scale_criteria(results: dict) -> list[Criterion]:
+    """Issue 21's targets from the scale row: each endpoint's p99 at the largest size against the
+    smallest, the database's transactions/s with the streams open and idle, the epoch-to-event delay."""
+    from bench.scale import TARGETED
+
+    scale = results.get("scale", {})
+    sizes = scale.get("sizes", [])
+    target = f"<= {SCALE_P99_FACTOR:g} x"
+    out = []
+    for name in TARGETED:
+        label = f"scale: {name} p99 at the most jobs stored vs the fewest"
+        if len(sizes) < 2:
+            out.append(Criterion(label, target, "not measured", None, note=scale.get("skipped", "")))
+            continue
+        last = sizes[-1]
+        # the reference, timed request by request alongside (a run before it had none: the first size's)
+        at_first = (last.get("reference") or sizes[0]["endpoints"])[name]
+        first_jobs = scale.get("config", {}).get("sizes", [sizes[0]["jobs"]])[0]
+        at_last = last["endpoints"][name]
+        small, large = at_first["p99_ms"], at_last["p99_ms"]
+        out.append(Criterion(
+            label.replace("the most jobs stored vs the fewest", f"{last['jobs']:,} jobs vs {first_jobs:,}"), target,
+            f"{large:.1f} ms vs {small:.1f} ms = {large / small:.2f} x ({at_last['requests']} requests each, taking "
+            f"turns; p50 {at_last['p50_ms']:.1f} vs {at_first['p50_ms']:.1f} ms)",
+            large <= SCALE_P99_FACTOR * small))
+    streams = scale.get("streams")
+    label = "scale: database transactions/s with the streams open and idle"
+    stream_target = f"<= with none open (+{STREAMS_SLACK_PER_S:g}/s)"
+    delay_label, delay_target = "scale: epoch stored -> its metrics event at the client, p99", \
+        f"< {EVENT_DELAY_P99_MS:g} ms"
+    if not streams:
+        note = scale.get("skipped") or scale.get("streams_error", "")
+        return [*out, Criterion(label, stream_target, "not measured", None, note=note),
+                Criterion(delay_label, delay_target, "not measured", None, note=note)]
+    none_open, open_idle, opened = streams["none_open"]["per_s"], streams["open_idle"]["per_s"], streams["opened"]
+    out.append(Criterion(
+        label.replace("the streams", f"{opened['open']} of {streams['streams']} streams"), stream_target,
+        f"{open_idle:.1f}/s open vs {none_open:.1f}/s none open ({streams['open_idle']['window_s']:.0f} s windows)",
+        opened["open"] == streams["streams"] and open_idle <= none_open + STREAMS_SLACK_PER_S,
+        note="xact_commit + xact_rollback of the service's database in pg_stat_database; every query of the API "
+             "runs in a transaction, so this counts at least one per query round trip"))
+    delay = streams["epoch_to_event"]
+    out.append(Criterion(
+        delay_label, delay_target,
+        "n/a" if delay["p99_ms"] is None else
+        f"p50 {delay['p50_ms']:.1f} ms, p99 {delay['p99_ms']:.1f} ms, max {delay['max_ms']:.1f} ms "
+        f"({delay['received']} of {delay['stored']} epochs received, {opened['open']} streams open)",
+        delay["p99_ms"] is not None and delay["received"] == delay["stored"] and delay["p99_ms"] < EVENT_DELAY_P99_MS))
+    return out
+
+
+def scale_table(results: dict) -> list[str]:
+    """The scale row: each endpoint's p50/p99 (ms) at each size, the stream figures under it."""
+    scale = results.get("scale", {})
+    sizes = scale.get("sizes", [])
+    if not sizes:
+        return []
+    from bench.scale import ENDPOINTS
+
+    header = f"{'scale: jobs stored (10 epochs each)':<36}" + "".join(f"{row['jobs']:>20,}" for row in sizes)
+    lines = [header, f"{'  p50 / p99 ms':<36}" + "".join(f"{'':>20}" for _ in sizes), "-" * len(header)]
+    for part in ("endpoints", "reference"):
+        if part == "reference":
+            if not any(row.get("reference") for row in sizes):
+                continue
+            first = scale.get("config", {}).get("sizes", [sizes[0]["jobs"]])[0]
+            lines.append(f"the {first:,}-job reference database, timed alongside each size (request by request):")
+        for name in ENDPOINTS:
+            cells = []
+            for row in sizes:
+                timing = (row.get(part) or {}).get(name)
+                cells.append(f"{timing['p50_ms']:.1f} / {timing['p99_ms']:.1f}" if timing else "n/a")
+            lines.append(f"{name:<36}" + "".join(f"{cell:>20}" for cell in cells))
+    lines.append(f"{'bulk insert + tallies + vacuum, s':<36}"
+                 + "".join(f"{row['growth']['total_s']:>20.0f}" for row in sizes))
+    lines.append(f"{'database size, MB':<36}"
+                 + "".join(f"{row['stored']['database_bytes'] / 1e6:>20.0f}" for row in sizes))
+    if streams := scale.get("streams"):
+        delay = streams["epoch_to_event"]
+        lines.append(f"streams: {streams['opened']['open']} of {streams['streams']} open in "
+                     f"{streams['opened']['open_s']:.1f} s; database transactions/s "
+                     f"{streams['none_open']['per_s']:.1f} none open, {streams['open_idle']['per_s']:.1f} open and "
+                     f"idle; epoch -> event p50 "
+                     f"{_fmt(delay['p50_ms'], 1)} ms, p99 {_fmt(delay['p99_ms'], 1)} ms")
+    return lines
 
 
 def upload_rss_criterion(results: dict) -> Criterion:

@@ -120,6 +120,7 @@ class Service:
     worker: subprocess.Popen | None = None
     key: str = ""
     api_workers: int = 1  # uvicorn processes serving the API
+    with_worker: bool = True  # False: the API alone (bench/scale.py: nothing trains, no reconciler)
 
     def start(self, timeout_s: float = 120.0) -> None:
         self.clear_leftovers()
@@ -150,17 +151,19 @@ class Service:
             env=self.env, stdout=open(logs / "api.log", "ab"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
         )
         # Both start at once (they migrate under a lock); the key is made while the worker imports.
-        self.worker = subprocess.Popen(
-            [sys.executable, "-m", "workers", "--hardware", "cpu"],
-            env=self.env, stdout=open(logs / "worker.log", "ab"), stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
-        )
+        if self.with_worker:
+            self.worker = subprocess.Popen(
+                [sys.executable, "-m", "workers", "--hardware", "cpu"],
+                env=self.env, stdout=open(logs / "worker.log", "ab"), stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
+            )
         self._wait_ready(timeout_s)
         self.key = subprocess.run(
             [sys.executable, "-m", "app.cli", "keys", "create", "--name", "bench", "--allow-code"],
             env=self.env, capture_output=True, text=True, check=True, preexec_fn=die_with_parent,
         ).stdout.strip().splitlines()[-1]
-        self._wait_worker(timeout_s)
+        if self.with_worker:
+            self._wait_worker(timeout_s)
 
     def clear_leftovers(self) -> None:
         """Cancel the bench jobs an interrupted run left queued or running (a job is the bench's

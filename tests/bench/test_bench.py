@@ -24,8 +24,8 @@ from trainers.spec import flops_per_example, model_plan
 LOOPS = ["jax_seed", "jax_trainer", "torch_seed", "torch_seed_tensor", "torch_trainer", "torch_compile"]
 
 
-# Under 1 min on a quiet machine; PyTorch slows 10x or more when the cores are shared.
-pytestmark = pytest.mark.timeout(600)
+# Under 2 min on a quiet machine (the scale row included); PyTorch slows 10x or more when the cores are shared.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,8 @@ def quick(database_url, redis_url, tmp_path_factory, repo_root):
     out = tmp_path_factory.mktemp("bench") / "results.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out),
-         "--database-url", database_url, "--redis-url", redis_url],
-        cwd=repo_root, capture_output=True, text=True, timeout=540,
+         "--database-url", database_url, "--scale-database-url", database_url, "--redis-url", redis_url],
+        cwd=repo_root, capture_output=True, text=True, timeout=780,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, json.loads(out.read_text())
@@ -66,6 +66,9 @@ def test_quick_run_measures_every_part(quick):
     for c in results["criteria"]:
         assert f"] {c['name']}: " in stdout
     assert "steady s" in stdout and "submit->done" in stdout
+    # The scale row (tests/bench/test_scale.py looks at it closely): both toy sizes, the streams.
+    assert [size["jobs"] for size in results["scale"]["sizes"]] == list(results["config"]["scale_sizes"])
+    assert results["scale"]["streams"]["opened"]["open"] == results["config"]["scale_streams"]
     # The CNN rows: both trainers on the same CNN, with its own floor.
     cnn = results["cnn"]
     assert set(cnn["loops"]) == {"jax_cnn", "torch_cnn"} and cnn["floor"]["floor_s"] > 0

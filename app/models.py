@@ -152,7 +152,8 @@ class Job(Base):
         UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency"),
         UniqueConstraint("sweep_id", "trial_number", "framework", name="uq_jobs_sweep_trial"),
         Index("ix_jobs_owner_id_created_at", "owner_id", "created_at"),  # a key's recent jobs (rate limit)
-        Index("ix_jobs_owner_id_status", "owner_id", "status"),  # a key's queued jobs (quota)
+        # A key's jobs of a status, newest first (GET /jobs?status=), and its queued jobs (quota).
+        Index("ix_jobs_owner_status_created", "owner_id", "status", "created_at"),
         # The queued jobs of a queue by priority and key, oldest first (app/scheduling.py: the
         # next job, and queue_position); only queued rows are indexed.
         Index(

@@ -68,7 +68,7 @@ def _in_queue(job: type[Job] | Job) -> tuple:
 
 # Built once: every claim, and every look at a queued job, runs it. Each part reads an index:
 # the queued jobs of the queue by key (ix_jobs_queued_by_owner), each waiting key's running jobs
-# (ix_jobs_owner_id_status) and its latest claim in the queue (ix_jobs_owner_queue_started).
+# (ix_jobs_owner_status_created) and its latest claim in the queue (ix_jobs_owner_queue_started).
 # `before`: each key's queued jobs created before the one asked about (at the same instant the
 # id breaks the tie, as in the job list): for that job's key, the jobs of its own ahead of it.
 _BEFORE = or_(
@@ -117,7 +117,7 @@ _OLDEST_OF_OWNER = (
     .limit(1)
 )
 # A key's jobs running in the queue and its latest claim there, as _TURNS reads them: each from
-# its index (ix_jobs_owner_id_status, ix_jobs_owner_queue_started), never the key's whole history
+# its index (ix_jobs_owner_status_created, ix_jobs_owner_queue_started), never the key's whole history
 # in the queue (one aggregate over both would read every job it ever ran there).
 _STANDING = select(
     select(func.count())

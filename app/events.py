@@ -302,9 +302,11 @@ async def stream(job_id: str, last_id: int, key_id: str) -> AsyncGenerator[str, 
                 want_reason = False
             if job_changed or want_reason or not live:
                 async with poll_slot():
+                    watch.reading, watch.read_unheard = True, watch.read_unheard or not hub.live
                     state, metrics, new_reason, logs = await run_in_threadpool(
                         poll, job_id, last_id, want_reason, log_after
                     )
+                    watch.reading = False
                 if state is None:
                     return
                 for row_id, text in logs:
@@ -313,6 +315,7 @@ async def stream(job_id: str, last_id: int, key_id: str) -> AsyncGenerator[str, 
                 if len(logs) == MAX_LOG_ROWS:
                     watch.wake(job=True)  # more are stored: look again at once
                 watch.queue, watch.waiting = state.queue, state.status == JobStatus.QUEUED
+                watch.seen = (state.status, state.epoch, state.started_at is not None)
                 if want_reason:
                     next_reason_check = time.monotonic() + WAITING_CHECK_S
                 for event in events_after(state, metrics, last_id):

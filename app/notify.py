@@ -10,8 +10,8 @@ one sent twice or for nothing costs one read.
 
 What the hub cannot hear, it makes up for:
 - While its connection is down (SQLite has no NOTIFY; PostgreSQL restarting) `live` is False
-  and streams poll as they did before (app/events.py). When it (re)connects, every stream is
-  woken once, for whatever was sent meanwhile.
+  and streams poll as they did before (app/events.py). When it (re)connects, the streams whose
+  job changed or whose key was revoked meanwhile are woken (two queries for all of them).
 - Workers coming and going change why a queued job waits without any job row changing: while
   streams of queued jobs are open, the hub looks at which queues are served (one query per
   FLEET_CHECK_S, however many streams) and wakes them when that changes.
@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 JOBS_CHANNEL = "trainhub_jobs"
 KEYS_CHANNEL = "trainhub_keys"
 SWEEPS_CHANNEL = "trainhub_sweeps"
-# How often the hub looks at which queues are served while queued jobs are watched (seconds).
-FLEET_CHECK_S = 2.0
+# How often the hub looks at which queues are served while queued jobs are watched (seconds):
+# workers beat every 5 s and count as gone after 30 s without a beat, so this is soon enough.
+FLEET_CHECK_S = 5.0
 # Waits between attempts to (re)connect the listener (seconds): doubling up to the last.
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
 
@@ -55,6 +56,9 @@ class Watch:
     sweep_id: str | None = None
     queue: str | None = None  # set by the stream once it knows the job's queue
     waiting: bool = False  # the job is queued: the fleet's changes concern it
+    seen: tuple | None = None  # the job's (status, epoch, started) as the stream last read them
+    reading: bool = False  # a read of the rows is in flight
+    read_unheard: bool = False  # it read while the hub heard nothing: a change since may be unheard
     job: bool = True
     queue_changed: bool = True
     key: bool = False
@@ -133,6 +137,21 @@ class Hub:
         for watch in self._watches:
             watch.wake(job=True, queue=True, key=True)
 
+    async def _resync(self) -> None:
+        """Once the hub hears again, wake the streams that read while it did not and whose job
+        changed since (or whose read is still in flight), and those whose key was revoked: two
+        queries for all of them, not a read per stream (a sweep's stream looks again)."""
+        watches = list(self._watches)
+        job_ids = [w.job_id for w in watches if w.job_id is not None and w.read_unheard]
+        rows, live_keys = await run_in_threadpool(_standing, job_ids, {w.key_id for w in watches})
+        for watch in watches:
+            if watch.key_id not in live_keys:
+                watch.wake(key=True)
+            if watch.read_unheard:
+                if watch.sweep_id is not None or watch.reading or rows.get(str(watch.job_id)) != watch.seen:
+                    watch.wake(job=True)
+                watch.read_unheard = False
+
     def _start(self) -> None:
         if self._dsn is not None and self._listener is None:
             self._listener = asyncio.create_task(self._listen())
@@ -158,7 +177,7 @@ class Hub:
                     await conn.execute(f"LISTEN {KEYS_CHANNEL}")
                     await conn.execute(f"LISTEN {SWEEPS_CHANNEL}")
                     self.live, attempt = True, 0
-                    self.wake_all()  # what changed before the LISTEN, or while it was down
+                    await self._resync()  # what changed before the LISTEN, or while it was down
                     async for note in conn.notifies():
                         self.dispatch(note.channel, note.payload)
             except psycopg.Error as error:
@@ -202,6 +221,22 @@ def listen_dsn(database_url: str) -> str | None:
     if url.get_backend_name() != "postgresql":
         return None
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _standing(job_ids: list[str], key_ids: set[str]) -> tuple[dict[str, tuple], set[str]]:
+    """({job id: (status, epoch, started)} of the jobs still stored, the keys still live)."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.models import ApiKey, Job
+
+    with session_scope() as session:
+        rows = session.execute(
+            select(Job.id, Job.status, Job.epoch, Job.started_at.is_not(None)).where(Job.id.in_(job_ids))
+        )
+        jobs = {job_id: (status, epoch, started) for job_id, status, epoch, started in rows}
+        keys = session.scalars(select(ApiKey.id).where(ApiKey.id.in_(key_ids), ApiKey.revoked_at.is_(None)))
+        return jobs, set(keys)
 
 
 def _served_queues() -> set[str]:

@@ -117,6 +117,7 @@ class Config:
     scale_requests: int = 600
     scale_streams: int = 1000
     scale_window_s: float = 10.0
+    scale_settle_s: float = 11.0
     scale_stream_epochs: int = 50
     loops: tuple[str, ...] = ISSUE_LOOPS
     one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process
@@ -129,13 +130,13 @@ class Config:
                    matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, resnet_epochs=2, resnet_train_limit=256,
                    resnet_test_limit=256, resnet_rounds=1, upload_stream_bytes=64 * 1024**2,
                    upload_rounds=1, upload_csv_bytes=2 * 10**6, dataset_train_limit=1024, scale_sizes=(100, 1000),
-                   scale_requests=20, scale_streams=20, scale_window_s=2.0, scale_stream_epochs=10, one_process=True)
+                   scale_requests=20, scale_streams=20, scale_window_s=2.0, scale_settle_s=0.0, scale_stream_epochs=10, one_process=True)
 
     def scale(self) -> ScaleConfig:
         from bench.scale import ScaleConfig
 
         return ScaleConfig(sizes=self.scale_sizes, requests=self.scale_requests, warmup=min(20, self.scale_requests),
-                           streams=self.scale_streams, window_s=self.scale_window_s,
+                           streams=self.scale_streams, window_s=self.scale_window_s, settle_s=self.scale_settle_s,
                            stream_epochs=self.scale_stream_epochs, api_workers=self.api_workers)
 
 

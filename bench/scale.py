@@ -76,6 +76,9 @@ class ScaleConfig:
     warmup: int = 20
     streams: int = 1000
     window_s: float = 10.0     # each transactions-per-second window
+    # After opening the streams (a burst of reads), before their idle window: PostgreSQL 15 flushes
+    # an idle backend's counts up to 10 s late (PGSTAT_IDLE_INTERVAL).
+    settle_s: float = 11.0
     stream_epochs: int = STREAM_EPOCHS
     epoch_interval_s: float = 0.3
     api_workers: int = 2
@@ -510,6 +513,7 @@ def measure_streams(url: str, keys: dict, database_url: str, config: ScaleConfig
         out["opened"] = ready
         log(f"streams: {ready['open']} open ({ready['open_s']:.1f} s to open them all); transactions/s idle "
             f"({config.window_s:g} s)")
+        time.sleep(config.settle_s)  # the opening burst's counts land first
         out["open_idle"] = per_second(database_url, config.window_s)
         log(f"streams: {config.stream_epochs} epochs stored on a running job, ~{config.epoch_interval_s:g} s apart")
         stored_at = store_epochs(database_url, running, config.stream_epochs, config.epoch_interval_s)

@@ -128,7 +128,9 @@ async def stream(sweep_id: str, key_id: str) -> AsyncGenerator[str, None]:
                     return
             if changed or not live:
                 async with poll_slot():
+                    watch.reading, watch.read_unheard = True, watch.read_unheard or not hub.live
                     seen = await run_in_threadpool(look, sweep_id)
+                    watch.reading = False
                 if seen is None:
                     return
                 sweep, views = seen

@@ -5,7 +5,8 @@ were 2,000 queries a second. These triggers tell one listener per API process (a
 what changed instead, at commit, so a stream reads the database only when its job, its queue or
 its key changed:
 
-- channel `trainhub_jobs`, payload "<job id> <queue> <sweep id or nothing>": a job row inserted or deleted, or its
+- channel `trainhub_jobs`, payload "<job id> <queue> <sweep id or nothing>" (the queue only when
+  the job's status changed: only that moves the places in its queue): a job row inserted or deleted, or its
   status, epoch or started_at changed (an epoch's metrics row is written in the transaction that
   moves `epoch`, and a job's queue position moves only when a job of its queue changes status);
   payload "<job id>": an epoch's metrics row inserted or updated (a replayed epoch).
@@ -44,8 +45,11 @@ BEGIN
                                             || ' ' || COALESCE(OLD.sweep_id, ''));
         RETURN OLD;
     END IF;
-    PERFORM pg_notify('{JOBS_CHANNEL}', NEW.id || ' ' || trainhub_queue_name(NEW.hardware, NEW.framework, NEW.devices)
-                                        || ' ' || COALESCE(NEW.sweep_id, ''));
+    -- The queue is named only when the job entered or left a status: an epoch moves no one's place.
+    PERFORM pg_notify('{JOBS_CHANNEL}', NEW.id || ' '
+                      || CASE WHEN TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
+                              THEN trainhub_queue_name(NEW.hardware, NEW.framework, NEW.devices) ELSE '' END
+                      || ' ' || COALESCE(NEW.sweep_id, ''));
     RETURN NEW;
 END $$;
 

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.client import FINISHED, ApiError, Event, TrainhubClient
-from app.config import Settings, get_settings
+from app.config import Settings, get_settings, setting_problems
 from app.status import JobStatus
 
 cli = typer.Typer(
@@ -38,12 +38,11 @@ def main() -> None:
     try:
         cli()
     except ValidationError as error:
-        if error.title != Settings.__name__:
+        problems = setting_problems(error)
+        if problems is None:
             raise
-        # A bad TRAINHUB_* variable: say which and why, not a traceback.
-        for problem in error.errors():
-            name = "TRAINHUB_" + "_".join(str(part) for part in problem["loc"]).upper()
-            console.print(f"[red]error:[/red] {name}={problem.get('input')!r}: {problem['msg']}")
+        for line in problems:  # a bad TRAINHUB_* variable: say which and why, not a traceback
+            console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
         raise SystemExit(2) from None
 
 
@@ -1032,13 +1031,21 @@ def comparison_table(comparison: dict) -> Table:
 
 
 def model_summary(model: dict) -> str:
-    """e.g. "MLP [256, 128]" or "CNN conv [32, 64], dense [128], batch norm"."""
-    name = model.get("name", "mlp")
-    text = (
-        f"CNN conv {model.get('channels')}, dense {model['hidden_sizes']}"
-        if name == "cnn"
-        else f"MLP {model['hidden_sizes']}"
-    )
+    """e.g. "MLP [256, 128]", "CNN conv [32, 64], dense [128], batch norm", "resnet8", "6 layers",
+    or "your code code_... (m:f)"."""
+    if model.get("code"):
+        entrypoints = model.get("entrypoints") or {}
+        named = model.get("entrypoint") or ", ".join(f"{fw} {ep}" for fw, ep in entrypoints.items())
+        return f"your code {model['code']} ({named})"
+    if model.get("layers"):
+        return f"{len(model['layers'])} layers"
+    name = model.get("name") or "mlp"
+    if name == "cnn":
+        text = f"CNN conv {model.get('channels')}, dense {model.get('hidden_sizes')}"
+    elif name == "mlp":
+        text = f"MLP {model.get('hidden_sizes')}"
+    else:
+        text = name
     return text + (", batch norm" if model.get("batch_norm") else "")
 
 

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app import failures
@@ -273,3 +273,19 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def setting_problems(error: ValidationError) -> list[str] | None:
+    """What is wrong with the TRAINHUB_* variables, a line per problem ("TRAINHUB_X='v': why"),
+    when `error` is Settings' own; None for any other validation error. A problem of several
+    settings together names none of their values (a database URL may hold a password)."""
+    if error.title != Settings.__name__:
+        return None
+    lines = []
+    for problem in error.errors():
+        if problem["loc"]:
+            name = "TRAINHUB_" + "_".join(str(part) for part in problem["loc"]).upper()
+            lines.append(f"{name}={problem.get('input')!r}: {problem['msg'].removeprefix('Value error, ')}")
+        else:
+            lines.append(f"TRAINHUB_* settings: {problem['msg'].removeprefix('Value error, ')}")
+    return lines

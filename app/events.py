@@ -99,6 +99,9 @@ class JobState:
     devices: int = 1
     retries: int = 0
     last_error: dict | None = None
+    # Its place in its queue depends on whose it is and its level (app/scheduling.position).
+    owner_id: str = ""
+    priority: int = 1
 
     @property
     def queue(self) -> str:
@@ -201,6 +204,8 @@ def read_state(session: Session, job_id: str) -> JobState | None:
             Job.devices,
             Job.retries,
             Job.last_error,
+            Job.owner_id,
+            Job.priority,
         ).where(Job.id == job_id)
     ).first()
     return JobState(*row) if row is not None else None
@@ -219,6 +224,8 @@ def read_metrics(session: Session, job_id: str, after_epoch: int) -> list[dict]:
 def current_waiting_reason(session: Session, state: JobState) -> str | None:
     """Why the queued job waits (app.jobs.waiting_reason), computed without loading its relations."""
     probe = Job(
+        owner_id=state.owner_id,
+        priority=state.priority,
         status=state.status,
         hardware=state.hardware,
         framework=state.framework,

@@ -71,12 +71,23 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    from app.config import get_settings
+    from pydantic import ValidationError
+
+    from app.config import get_settings, setting_problems
+
+    try:
+        settings = get_settings()  # before any import that reads them
+    except ValidationError as error:
+        problems = setting_problems(error)
+        if problems is None:
+            raise
+        for line in problems:
+            print(f"trainhub worker: {line}", file=sys.stderr)
+        return 2
     from app.db import migrate
     from app.storage import StoreUnavailable, get_store
     from workers.celery_app import celery
 
-    settings = get_settings()
     try:
         get_store(settings).check()  # a worker that could train but not store its results serves nothing
     except StoreUnavailable as exc:

@@ -87,7 +87,6 @@ def clean_env(workdir: Path, threads: int, extra: dict[str, str] | None = None) 
         "LANG": "C.UTF-8",
         "OMP_NUM_THREADS": str(threads),
         "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",  # its prints reach the worker (and the `log` events) as they happen
     }
     return {**env, **(extra or {})}
 

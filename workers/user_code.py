@@ -136,7 +136,9 @@ def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Pat
     extra_env = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS") if k in os.environ}
     try:
         child = subprocess.Popen(
-            [sys.executable, "-I", "-m", "trainers.user_child", json.dumps(request)],
+            # -I: no PYTHON* variables, no user site; -u: its prints reach the worker (and the `log`
+            # events) as they happen, and are not lost in a buffer if it dies
+            [sys.executable, "-I", "-u", "-m", "trainers.user_child", json.dumps(request)],
             cwd=workdir,
             env=sandbox.clean_env(workdir, threads, extra_env),
             stdin=subprocess.DEVNULL,

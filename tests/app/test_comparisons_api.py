@@ -89,6 +89,11 @@ def test_the_compare_title_names_the_model():
     assert model_summary({"name": "mlp", "hidden_sizes": [256, 128]}) == "MLP [256, 128]"
     assert model_summary({"name": "cnn", "channels": [32, 64], "hidden_sizes": [128], "batch_norm": True}) == \
         "CNN conv [32, 64], dense [128], batch norm"
+    # presets, layer lists and user code (a comparison of two entrypoints) have no hidden_sizes
+    assert model_summary({"name": "resnet8"}) == "resnet8"
+    assert model_summary({"name": None, "layers": [{"dense": 8}, {"dense": 10}]}) == "2 layers"
+    code = {"name": None, "code": "code_1", "entrypoints": {"jax": "m:f", "pytorch": "m:g"}}
+    assert model_summary(code) == "your code code_1 (jax m:f, pytorch m:g)"
 
 
 def test_overlap_is_how_long_both_jobs_ran_at_once():

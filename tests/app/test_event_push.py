@@ -216,3 +216,25 @@ def test_a_sweeps_stream_hears_its_trials_and_its_end(api, auth, rows, slow_poll
         pass
     assert data["status"] == "cancelled"
     assert reader.ended.wait(WAIT_S)
+
+
+def test_a_waiting_jobs_stream_says_what_its_job_says_behind_another_keys_jobs(api, auth, make_key, slow_polls,
+                                                                               monkeypatch):
+    from app import jobs
+    from app.db import session_scope
+
+    with session_scope() as session:  # only this test's jobs wait
+        session.execute(text("UPDATE jobs SET status = 'cancelled' WHERE status = 'queued'"))
+        session.commit()
+    monkeypatch.setattr(jobs, "online_queues", lambda _session: {"cpu.jax"})
+    other = {"Authorization": f"Bearer {make_key('other')}"}
+    for _ in range(2):
+        api.post("/jobs", json=DIGITS, headers=other)
+    mine = api.post("/jobs", json={**DIGITS, "priority": "low"}, headers=auth).json()["id"]
+    reader = Reader(api, mine, auth)
+    said = reader.next_event("waiting")["waiting_reason"]
+    assert said == api.get(f"/jobs/{mine}", headers=auth).json()["waiting_reason"]
+    assert said.endswith("(2 job(s) ahead)")
+    api.post(f"/jobs/{mine}/cancel", headers=auth)
+    assert reader.next_event("status")["status"] == "cancelled"
+    assert reader.ended.wait(WAIT_S)

@@ -6,8 +6,10 @@ metrics in both frameworks. A change that means to change them records a new bas
 Bit-identical on the machine that recorded them. Another CPU's XLA kernels may round the
 evaluation differently (seen: on an AMD EPYC, cnn-batch-norm/jax trains to the same losses but
 its near-chance test logits give a test_loss of 2.342114 for the recorded 2.342087 and one of
-the 360 test digits another class), so losses must agree to 1e-4 relative and accuracies to one
-test example: far below what a changed initialisation, batch order, layout or loss moves them."""
+the 360 test digits another class; on an Intel Xeon with AVX-512 the batch-norm specs' test_loss
+lands up to 3e-4 apart in both frameworks while every train loss agrees bit for bit), so train
+losses must agree to 1e-4 relative, test losses to 1e-3, and accuracies to one test example: far
+below what a changed initialisation, batch order, layout or loss moves them."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ def test_a_stored_spec_trains_to_the_recorded_metrics(key):
     spec = RECORDED["specs"][name]
     one_example = 1 / count_test_examples(spec)
     expected = [
-        {field: pytest.approx(value, abs=one_example * 1.01) if "accuracy" in field else pytest.approx(value, rel=1e-4)
+        {field: pytest.approx(value, abs=one_example * 1.01) if "accuracy" in field
+         else pytest.approx(value, rel=1e-3 if field.startswith("test") else 1e-4)
          for field, value in epoch.items()}
         for epoch in RECORDED["metrics"][key]
     ]

@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[train,test]'
+	$(PY) -m pip install --quiet --no-cache-dir -e '.[train,test]'
 	touch $(STAMP)
 
 data:

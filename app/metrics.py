@@ -15,6 +15,9 @@ so no tenant learns another's numbers.
 - trainhub_workers_online{hardware}              gauge: workers with a recent heartbeat
 - trainhub_job_duration_seconds{framework,hardware,status}   histogram: started -> finished
 - trainhub_epoch_duration_seconds{framework,hardware}        histogram: each epoch's training time
+- trainhub_api_db_connections{state}             gauge: this API process's pooled database
+  connections, `in_use` (checked out) or `idle`
+- trainhub_api_event_streams                     gauge: event streams this API process has open
 - trainhub_retention_deleted_{jobs,comparisons,sweeps,files,bytes}_total   counters: what retention
   deleted (app/retention.py), kept in the `counters` table (app/counters.py)
 """
@@ -28,8 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
-from app import counters, heartbeats, retention, tallies
-from app.db import session_scope
+from app import counters, heartbeats, notify, retention, tallies
+from app.db import get_engine, session_scope
 from app.status import JobStatus
 
 STATUSES = tuple(status.value for status in JobStatus)
@@ -123,8 +126,26 @@ def retention_counters(session: Session) -> Iterator[Metric]:
         yield CounterMetricFamily(f"trainhub_{name}", RETENTION_HELP[name], value=value)
 
 
+class ApiProcessCollector(Collector):
+    """What this API process holds: its database pool and its open event streams (a stream
+    waiting for its job's next change holds no connection)."""
+
+    def collect(self) -> Iterator[Metric]:
+        pool = get_engine().pool
+        connections = GaugeMetricFamily(
+            "trainhub_api_db_connections", "This API process's pooled database connections.", labels=["state"]
+        )
+        connections.add_metric(["in_use"], getattr(pool, "checkedout", lambda: 0)())
+        connections.add_metric(["idle"], getattr(pool, "checkedin", lambda: 0)())
+        yield connections
+        yield GaugeMetricFamily(
+            "trainhub_api_event_streams", "Event streams this API process has open.", value=notify.open_streams()
+        )
+
+
 registry = CollectorRegistry(auto_describe=False)
 registry.register(TrainhubCollector())
+registry.register(ApiProcessCollector())
 ProcessCollector(namespace="trainhub_api", registry=registry)
 
 

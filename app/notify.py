@@ -99,6 +99,11 @@ class Hub:
         self._fleet: asyncio.Task | None = None
         self.live = False
 
+    @property
+    def watching(self) -> int:
+        """Streams open on this event loop now."""
+        return len(self._watches)
+
     @contextmanager
     def watch(self, key_id: str, job_id: str | None = None, sweep_id: str | None = None) -> Iterator[Watch]:
         """A Watch on job `job_id` or on the trials of sweep `sweep_id` for the duration of the
@@ -205,6 +210,11 @@ class Hub:
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
+
+
+def open_streams() -> int:
+    """Event streams open in this process now, over every event loop."""
+    return sum(h.watching for h in list(_hubs.values()))
 
 
 def hub() -> Hub:

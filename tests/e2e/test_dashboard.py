@@ -66,6 +66,8 @@ def sign_in(page, url: str, key: str) -> None:
     page.goto(f"{url}/")
     page.fill("#api-key", key)
     page.click("#signin-form button[type=submit]")
+    # the key is stored once the server accepted it (a fetch): going elsewhere sooner signs out
+    page.locator("#who-key").wait_for(state="visible")
 
 
 def points(page, chart: str) -> int:

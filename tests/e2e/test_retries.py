@@ -36,8 +36,6 @@ def test_a_retried_failure_ends_failed_after_the_policy_and_says_so(retrying_ser
     assert final.data["retries"] == 1
 
 
-@pytest.mark.skip(reason="session 8: the job page's #job-error stays empty for a retried job in the browser "
-                  "(first run with chromium in CI); the dashboard fix is owed (see the session notes)")
 def test_the_dashboard_shows_the_failure_and_the_retry(retrying_service, page, tmp_path):  # noqa: F811
     from playwright.sync_api import expect
 

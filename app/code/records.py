@@ -24,8 +24,8 @@ from app.code.package import Package
 from app.config import Settings
 from app.datasets.records import lock_content
 from app.keys import Caller
-from app.models import CodeUpload, Job, rfc3339, utcnow
-from app.status import JobStatus
+from app.models import CodeUpload, Job, Sweep, rfc3339, utcnow
+from app.status import JobStatus, SweepStatus
 from trainers.spec import TrainingSpec
 
 STORE_FOLDER = "code"  # in the artifact store, beside the jobs' folders and "datasets"
@@ -33,11 +33,13 @@ SHORT_ID = re.compile(r"code_[0-9a-f]{8,31}")
 
 
 class InUse(Exception):
-    """The code is used by queued or running jobs (409); `jobs` their ids."""
+    """The code is used by queued or running jobs or by running sweeps, whose later trials train
+    it (409); `jobs` and `sweeps` their ids."""
 
-    def __init__(self, jobs: list[str]) -> None:
-        super().__init__(jobs)
+    def __init__(self, jobs: list[str], sweeps: list[str] | None = None) -> None:
+        super().__init__(jobs, sweeps)
         self.jobs = jobs
+        self.sweeps = sweeps or []
 
 
 def check_allowed(user: Caller, settings: Settings) -> None:
@@ -129,9 +131,16 @@ def delete(session: Session, row: CodeUpload, settings: Settings) -> None:
             select(Job.id).where(Job.code_id == row.id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
         )
     )
-    if active:
+    sweeps = [
+        sweep.id
+        for sweep in session.scalars(
+            select(Sweep).where(Sweep.owner_id == row.owner_id, Sweep.status == SweepStatus.RUNNING)
+        )
+        if (sweep.spec.get("base", {}).get("model") or {}).get("code") == row.id
+    ]
+    if active or sweeps:
         session.rollback()
-        raise InUse(active)
+        raise InUse(active, sweeps)
     sha256, location = row.sha256, row.location
     session.delete(row)
     session.flush()

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session
 
 from app import limits
+from app.code import records as code_records
+from app.config import get_settings
 from app.datasets import records
 from app.keys import Caller
 from app.sweeps.spec import SweepSpec
@@ -128,16 +130,13 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
     try:
         for framework in named:
             job = records.with_dataset(session, owner, JobSpec.model_validate({**base, "framework": framework}))
-            if job.model.user_code:  # its trials would need the code's checks (app/code/records.check_job)
-                raise RequestValidationError(
-                    [
-                        {
-                            "type": "value_error",
-                            "loc": ["body", "base", "model", "code"],
-                            "msg": "sweeps of user code are not available yet: submit its jobs one by one",
-                        }
-                    ]
-                )
+            if job.model.user_code:  # as POST /jobs checks it: allowed, the key's, a function of it
+                try:
+                    code_records.check_job(session, owner, job, framework, get_settings())
+                except RequestValidationError as exc:
+                    raise RequestValidationError(
+                        [{**e, "loc": ["body", "base", *e["loc"][1:]]} for e in exc.errors()]
+                    ) from None
             limits.check_spec(job, caller=owner)
     except ValidationError as exc:
         raise RequestValidationError(

@@ -281,3 +281,36 @@ def test_a_comparison_names_a_jax_and_a_pytorch_entrypoint_of_one_upload(api, co
     assert "a function for each framework" in msg
     loc, msg = refusal({**model, "entrypoints": {"pytorch": "nets.torchnet:build"}})
     assert "a function for each framework" in msg
+
+
+def test_a_sweep_searches_the_keys_code_and_holds_it_while_it_runs(api, code_key):
+    owner, other = code_key("sweeper"), code_key("other")
+    code = post_code(api, owner, unique().encode()).json()
+    base = {
+        "framework": "pytorch",
+        "dataset": {"name": "digits"},
+        "epochs": 1,
+        "model": {"code": code["id"], "entrypoint": "model:build"},
+    }
+    body = {"base": base, "space": {"model.kwargs.hidden": {"choice": [8, 16]}}, "max_trials": 2, "parallelism": 1}
+    created = api.post("/sweeps", json=body, headers=owner)
+    assert created.status_code == 201, created.text
+    sweep = created.json()
+    [trial] = api.get(f"/sweeps/{sweep['id']}/trials", headers=owner).json()["items"]
+    trial = api.get(f"/jobs/{trial['job_id']}", headers=owner).json()
+    assert trial["spec"]["model"]["code"] == code["id"] and trial["spec"]["model"]["kwargs"]["hidden"] in (8, 16)
+
+    refused = api.post("/sweeps", json=body, headers=other)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "base", "model", "code"]
+    wrong = {**body, "base": {**base, "framework": "jax"}}
+    refused = api.post("/sweeps", json=wrong, headers=owner)
+    assert refused.status_code == 422 and "builds a pytorch model" in refused.json()["detail"][0]["msg"]
+    no_right = api.post("/sweeps", json=body, headers=code_key("plain", allow_code=False))
+    assert no_right.status_code == 403 and "may not upload or run model code" in no_right.json()["detail"]
+
+    # Its later trials train the code: deleting it waits for the sweep, not only for its jobs.
+    in_use = api.delete(f"/code/{code['id']}", headers=owner)
+    assert in_use.status_code == 409, in_use.text
+    assert trial["id"] in in_use.json()["detail"] and sweep["id"] in in_use.json()["detail"]
+    assert api.post(f"/sweeps/{sweep['id']}/cancel", headers=owner).status_code == 202
+    assert api.delete(f"/code/{code['id']}", headers=owner).status_code == 204

@@ -121,7 +121,7 @@ def test_trials_run_to_a_best_trial_and_the_sweep_ends_with_none_running(api, au
         assert runner.run(trial["job_id"], worker, serves=["cpu.jax"]) == "succeeded"
     done = api.get(f"/sweeps/{sweep['id']}", headers=auth).json()
     trials = api.get(f"/sweeps/{sweep['id']}/trials", headers=auth).json()["items"]
-    assert done["status"] == "succeeded" and done["trials"]["succeeded"] == 3 and done["finished_at"]
+    assert done["status"] == "succeeded" and done["trials"]["succeeded"] == 3 and done["finished_at"], (done, trials)
     assert sorted(t["params"]["optimizer.learning_rate"] for t in trials) == [0.003, 0.03, 0.3]
     assert done["best"]["objective"] == max(t["objective"] for t in trials)
     best_job = api.get(f"/jobs/{done['best']['job_id']}", headers=auth).json()

@@ -544,8 +544,12 @@ class JobSpec(TrainingSpec):
             )
         if self.framework == "pytorch":
             _check_ddp(self)
-        if self.model.user_code and self.devices > 1:
-            raise ValueError("devices above 1 is not available for user code yet; use devices 1")
+        if self.model.user_code and self.devices > 1 and self.framework == "pytorch":
+            # DDP's processes talk over TCP, which the user-code sandbox takes away.
+            raise ValueError(
+                "devices above 1 for user code is available for jax only (PyTorch's DDP needs the network "
+                "the sandbox takes away); use devices 1 or framework jax"
+            )
         if self.model.entrypoints is not None:
             raise ValueError("model.entrypoints is for comparisons: a job names its one function as model.entrypoint")
         if self.devices > 1 and self.compile and self.framework == "pytorch":

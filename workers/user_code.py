@@ -132,8 +132,10 @@ def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Pat
         "data_dir": str(settings.data_dir) if settings.data_dir else None,
         "dataset_file": str(data) if data else None,
     }
-    # The worker's device pinning goes on: the child trains on the worker's devices only.
-    extra_env = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS") if k in os.environ}
+    # The worker's device pinning goes on: the child trains on the worker's devices only (and a
+    # cpu worker counted as N devices gives JAX N host devices: XLA_FLAGS).
+    pinning = ("CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS", "XLA_FLAGS")
+    extra_env = {k: os.environ[k] for k in pinning if k in os.environ}
     try:
         child = subprocess.Popen(
             # -I: no PYTHON* variables, no user site; -u: its prints reach the worker (and the `log`

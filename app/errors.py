@@ -99,8 +99,12 @@ def _bounded(value: Any, depth: int = 0) -> Any:
 
 
 def _echo(error: dict) -> dict:
-    # Bound what an error carries before jsonable_encoder walks it (it recurses without limit).
-    return {k: (_bounded(v) if k in ("input", "ctx") else v) for k, v in error.items()}
+    # Bound what an error carries before jsonable_encoder walks it (it recurses without limit),
+    # and drop the "Value error, " pydantic puts before our validators' own sentences.
+    echoed = {k: (_bounded(v) if k in ("input", "ctx") else v) for k, v in error.items()}
+    if isinstance(echoed.get("msg"), str):
+        echoed["msg"] = echoed["msg"].removeprefix("Value error, ")
+    return echoed
 
 
 def _about_the_whole_body(error: dict, request: Request) -> dict:
@@ -127,7 +131,7 @@ def _at_the_field_it_names(error: dict) -> dict:
     loc = list(error.get("loc", ()))
     if not loc or loc[0] != "body" or error.get("type") != "value_error":
         return error
-    words = str(error.get("msg", "")).removeprefix("Value error, ").split()
+    words = str(error.get("msg", "")).split()
     path = words[0].split(".") if words else []
     return {**error, "loc": [*loc, *path]} if path and _spec_field(loc[1:] + path) else error
 

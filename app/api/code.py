@@ -138,10 +138,5 @@ def delete_code(code_id: str, session: SessionDep, user: CurrentUser) -> Respons
     try:
         records.delete(session, row, get_settings())
     except records.InUse as exc:
-        users = [f"{len(exc.jobs)} queued or running job(s) ({', '.join(exc.jobs[:5])})"] if exc.jobs else []
-        users += [f"{len(exc.sweeps)} running sweep(s) ({', '.join(exc.sweeps[:5])})"] if exc.sweeps else []
-        raise HTTPException(
-            status.HTTP_409_CONFLICT,
-            f"code {code_id} is used by {' and '.join(users)}: cancel them or wait for them to finish",
-        ) from None
+        raise HTTPException(status.HTTP_409_CONFLICT, exc.detail(f"code {code_id}")) from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -210,10 +210,5 @@ def delete_dataset(dataset_id: str, session: SessionDep, user: CurrentUser) -> R
     try:
         records.delete(session, row, get_settings())
     except records.InUse as exc:
-        shown = ", ".join(exc.jobs[:5]) + (" ..." if len(exc.jobs) > 5 else "")
-        raise HTTPException(
-            status.HTTP_409_CONFLICT,
-            f"dataset {dataset_id} is used by {len(exc.jobs)} queued or running job(s) ({shown}): "
-            "cancel them or wait for them to finish",
-        ) from None
+        raise HTTPException(status.HTTP_409_CONFLICT, exc.detail(f"dataset {dataset_id}")) from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -15,31 +15,22 @@ from typing import Any
 
 from fastapi import HTTPException, status
 from fastapi.exceptions import RequestValidationError
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import storage
+from app import storage, uploads
 from app.code.package import Package
 from app.config import Settings
-from app.datasets.records import lock_content
 from app.keys import Caller
-from app.models import CodeUpload, Job, Sweep, rfc3339, utcnow
-from app.status import JobStatus, SweepStatus
+from app.models import CodeUpload, Job, rfc3339, utcnow
 from trainers.spec import TrainingSpec
 
 STORE_FOLDER = "code"  # in the artifact store, beside the jobs' folders and "datasets"
 SHORT_ID = re.compile(r"code_[0-9a-f]{8,31}")
 
 
-class InUse(Exception):
-    """The code is used by queued or running jobs or by running sweeps, whose later trials train
-    it (409); `jobs` and `sweeps` their ids."""
-
-    def __init__(self, jobs: list[str], sweeps: list[str] | None = None) -> None:
-        super().__init__(jobs, sweeps)
-        self.jobs = jobs
-        self.sweeps = sweeps or []
+InUse = uploads.InUse
 
 
 def check_allowed(user: Caller, settings: Settings) -> None:
@@ -66,7 +57,7 @@ def store(session: Session, owner: Caller, package: Package, name: str, settings
     """(the record, created?) for `package`: the key's record of the same content, or a new one.
     The stored file is written again either way (an upload repairs a lost copy)."""
     sha256 = package.sha256
-    lock_content(session, sha256)
+    uploads.lock_content(session, sha256)
     with tempfile.NamedTemporaryFile(prefix=".code-", suffix=".json") as out:
         Path(out.name).write_bytes(package.stored_form())
         location = storage.get_store(settings).put(STORE_FOLDER, f"{sha256}.json", Path(out.name))
@@ -123,31 +114,8 @@ def owned(session: Session, owner: Caller) -> list[CodeUpload]:
 
 def delete(session: Session, row: CodeUpload, settings: Settings) -> None:
     """Delete the record; the stored files too when no other record shares them. Raises InUse
-    while queued or running jobs train it."""
-    lock_content(session, row.sha256)
-    session.execute(select(CodeUpload.id).where(CodeUpload.id == row.id).with_for_update())
-    active = list(
-        session.scalars(
-            select(Job.id).where(Job.code_id == row.id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
-        )
-    )
-    sweeps = [
-        sweep.id
-        for sweep in session.scalars(
-            select(Sweep).where(Sweep.owner_id == row.owner_id, Sweep.status == SweepStatus.RUNNING)
-        )
-        if (sweep.spec.get("base", {}).get("model") or {}).get("code") == row.id
-    ]
-    if active or sweeps:
-        session.rollback()
-        raise InUse(active, sweeps)
-    sha256, location = row.sha256, row.location
-    session.delete(row)
-    session.flush()
-    shared = session.scalar(select(func.count()).select_from(CodeUpload).where(CodeUpload.sha256 == sha256))
-    session.commit()
-    if not shared:
-        storage.store_for(location, settings).delete(location)
+    while queued or running jobs or a running sweep train it."""
+    uploads.delete(session, row, Job.code_id, lambda base: (base.get("model") or {}).get("code") == row.id, settings)
 
 
 def render(row: CodeUpload) -> dict[str, Any]:

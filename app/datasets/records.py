@@ -15,17 +15,16 @@ from typing import Any, TypeVar
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import storage
+from app import storage, uploads
 from app.config import Settings
 from app.heartbeats import recent_workers
 from app.keys import Caller
 from app.limits import lock_key
 from app.models import Dataset, Job, rfc3339, utcnow
-from app.status import JobStatus
 from trainers.dataset_file import DatasetArrays
 from trainers.spec import BUILT_IN, DatasetInfo, TrainingSpec
 
@@ -41,12 +40,7 @@ class OverQuota(Exception):
     message: str
 
 
-class InUse(Exception):
-    """The dataset is used by queued or running jobs (409); `jobs` their ids."""
-
-    def __init__(self, jobs: list[str]) -> None:
-        super().__init__(jobs)
-        self.jobs = jobs
+InUse = uploads.InUse
 
 
 def new_id() -> str:
@@ -151,24 +145,9 @@ def owned(session: Session, owner: Caller) -> list[Dataset]:
 
 def delete(session: Session, row: Dataset, settings: Settings) -> None:
     """Delete the record; the stored data too when no other record shares it. Raises InUse while
-    queued or running jobs train on it (finished jobs keep the sha256 they trained on)."""
-    lock_content(session, row.sha256)
-    session.execute(select(Dataset.id).where(Dataset.id == row.id).with_for_update())
-    active = list(
-        session.scalars(
-            select(Job.id).where(Job.dataset_id == row.id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
-        )
-    )
-    if active:
-        session.rollback()
-        raise InUse(active)
-    sha256, location = row.sha256, row.location
-    session.delete(row)
-    session.flush()
-    shared = session.scalar(select(func.count()).select_from(Dataset).where(Dataset.sha256 == sha256))
-    session.commit()
-    if not shared:
-        storage.store_for(location, settings).delete(location)
+    queued or running jobs or a running sweep train on it (finished jobs keep the sha256 they
+    trained on)."""
+    uploads.delete(session, row, Job.dataset_id, lambda base: (base.get("dataset") or {}).get("id") == row.id, settings)
 
 
 def locations_of(session: Session, dataset_id: str | None, sha256: str) -> list[str]:
@@ -180,12 +159,7 @@ def locations_of(session: Session, dataset_id: str | None, sha256: str) -> list[
     return list(dict.fromkeys(row.location for row in ordered))
 
 
-def lock_content(session: Session, sha256: str) -> None:
-    """Serialise the writers of one content's stored file (store and delete) for the rest of the
-    transaction: a delete never removes a file a concurrent upload of the same content has just
-    recorded. PostgreSQL: a transaction-level advisory lock; SQLite serialises writers itself."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:sha256, 0))"), {"sha256": sha256})
+lock_content = uploads.lock_content
 
 
 def render(row: Dataset) -> dict[str, Any]:

@@ -131,12 +131,7 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
         for framework in named:
             job = records.with_dataset(session, owner, JobSpec.model_validate({**base, "framework": framework}))
             if job.model.user_code:  # as POST /jobs checks it: allowed, the key's, a function of it
-                try:
-                    code_records.check_job(session, owner, job, framework, get_settings())
-                except RequestValidationError as exc:
-                    raise RequestValidationError(
-                        [{**e, "loc": ["body", "base", *e["loc"][1:]]} for e in exc.errors()]
-                    ) from None
+                code_records.check_job(session, owner, job, framework, get_settings())
             limits.check_spec(job, caller=owner)
     except ValidationError as exc:
         raise RequestValidationError(
@@ -144,6 +139,8 @@ def resolve_base(session: Session, owner: Caller, sweep: SweepSpec) -> dict[str,
         ) from None
     except limits.SpecOverLimit as exc:
         raise RequestValidationError([{**e, "loc": ["body", "base", *e["loc"][1:]]} for e in exc.errors]) from None
+    except RequestValidationError as exc:  # the dataset's and the code's checks, which name a job's fields
+        raise RequestValidationError([{**e, "loc": ["body", "base", *e["loc"][1:]]} for e in exc.errors()]) from None
     return job.model_dump(mode="json")
 
 

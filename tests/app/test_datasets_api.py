@@ -162,6 +162,24 @@ def test_delete_waits_for_active_jobs_and_removes_the_data(api, auth, services_e
     assert api.get(f"/jobs/{job['id']}", headers=auth).json()["spec"]["dataset"]["info"]["sha256"] == dataset["sha256"]
 
 
+def test_a_running_sweep_on_a_dataset_keeps_it_from_deletion(api, auth):
+    dataset = upload(api, auth, unique_csv()).json()
+    base = {"framework": "jax", "dataset": {"id": dataset["id"]}, "batch_size": 32, "epochs": 1}
+    body = {"base": base, "space": {"optimizer.learning_rate": {"choice": [0.01, 0.1]}}, "max_trials": 2}
+    refused = api.post("/sweeps", json=body, headers=auth)  # the dataset's checks name the base's field
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "base", "dataset"]
+    assert "validation_split" in refused.json()["detail"][0]["msg"]
+    body["base"] = {**base, "dataset": {"id": dataset["id"], "validation_split": 0.2}}
+    created = api.post("/sweeps", json=body, headers=auth)
+    assert created.status_code == 201, created.text
+    sweep = created.json()
+    busy = api.delete(f"/datasets/{dataset['id']}", headers=auth)
+    assert busy.status_code == 409 and f"running sweep(s) ({sweep['id']})" in busy.json()["detail"], busy.text
+    assert "queued or running job(s)" in busy.json()["detail"]  # its first trial
+    assert api.post(f"/sweeps/{sweep['id']}/cancel", headers=auth).status_code == 202
+    assert api.delete(f"/datasets/{dataset['id']}", headers=auth).status_code == 204
+
+
 def test_shared_content_stays_while_another_key_holds_it(api, auth, make_key, services_env):
     other = {"Authorization": f"Bearer {make_key('other')}"}
     body = unique_csv()

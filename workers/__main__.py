@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}", flush=True
         )
+        if settings.allow_user_code:  # which of its walls this host gives (README: user code security)
+            from workers import sandbox
+
+            print(f"trainhub worker: user code runs in a child with {sandbox.available()}", flush=True)
         if stop_when_ready:  # stopped while starting
             return 0
         celery.worker_main(

@@ -1,8 +1,11 @@
 """The walls around a user-code job's child process, set up between fork and exec.
 
 - its environment is built from nothing: none of the worker's settings or secrets;
+- a pids cgroup of its own where the host has a writable pids hierarchy (workers/cgroup.py): it
+  and all it starts count against one limit of processes and threads, whatever their uid, and all
+  are killed when the job ends (daemons that left its process group too);
 - resource limits (`resource.setrlimit`): address space, size of any file it writes, processes
-  (a fork bomb), CPU seconds (from max_runtime_s), no core dumps;
+  of its user (a fork bomb, but never root's), CPU seconds (from max_runtime_s), no core dumps;
 - as root: a network namespace of its own (no interface but a down loopback) and the uid/gid
   of `nobody`, so it owns nothing of the worker's;
 - Landlock (Linux 5.13+, no privilege needed): it may read only the Python installation, the
@@ -23,6 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers import cgroup
+
 NOBODY = 65534
 CLONE_NEWNET = 0x40000000
 PR_SET_NO_NEW_PRIVS = 38
@@ -42,7 +47,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 @dataclass(frozen=True)
 class Limits:
     """The child's resource limits: bytes of address space, bytes of the largest file it may
-    write, processes of its user, CPU seconds (None: unlimited)."""
+    write, processes (threads included) of its pids cgroup and of its user, CPU seconds (None:
+    unlimited)."""
 
     memory_bytes: int
     file_bytes: int
@@ -65,10 +71,11 @@ def _nobody_can_run_python() -> bool:
 
 
 def available() -> dict[str, bool]:
-    """Which walls this host gives a child: {"network_namespace", "own_uid", "landlock",
-    "landlock_network", "landlock_signals"}."""
+    """Which walls this host gives a child: {"pids_cgroup", "network_namespace", "own_uid",
+    "landlock", "landlock_network", "landlock_signals"}."""
     abi, root = landlock_abi(), os.geteuid() == 0
     return {
+        "pids_cgroup": cgroup.hierarchy() is not None,
         "network_namespace": root,
         "own_uid": root and _nobody_can_run_python(),
         "landlock": abi >= 1,
@@ -104,14 +111,19 @@ def readable_roots(extra: Iterable[Path] = ()) -> list[Path]:
     return [root for root in dict.fromkeys(r.resolve() for r in roots) if root.exists()]
 
 
-def preexec(workdir: Path, limits: Limits, readable: list[Path]) -> Callable[[], None]:
-    """The function Popen runs in the child between fork and exec: limits, then (as root) its own
-    network and the uid of nobody, then Landlock. Anything it cannot do where the host allows it
-    raises, and the child never starts (Popen raises SubprocessError)."""
+def preexec(
+    workdir: Path, limits: Limits, readable: list[Path], group: cgroup.JobCgroup | None = None
+) -> Callable[[], None]:
+    """The function Popen runs in the child between fork and exec: it joins `group` (its job's pids
+    cgroup, while it still may: before setuid and Landlock), limits, then (as root) its own network
+    and the uid of nobody, then Landlock. Anything it cannot do where the host allows it raises,
+    and the child never starts (Popen raises SubprocessError)."""
     walls = available()
     abi = landlock_abi()
 
     def setup() -> None:
+        if group is not None:
+            group.join()
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -124,7 +136,7 @@ def preexec(workdir: Path, limits: Limits, readable: list[Path]) -> Callable[[],
             os.setgid(NOBODY)
             os.setuid(NOBODY)
         # After setuid: RLIMIT_NPROC counts the processes of the child's (real) user (never root's:
-        # the kernel exempts uid 0, so a child left as root is bounded by its CPU time only).
+        # the kernel exempts uid 0, so a child left as root is bounded by its pids cgroup only).
         resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
         if abi >= 1:
             _restrict(abi, workdir, readable)

@@ -6,7 +6,8 @@ uploaded dataset's cached file, copied in), then reads JSON lines: epoch metrics
 (known names, finite numbers) and records through the job's hooks, and a result naming the
 artifacts it wrote, which the worker checks (known names, plain files in the job's folder,
 sizes) before they are stored. Cancel, max_runtime_s, shutdown and preemption kill the child's
-whole process group. Its stdout and stderr become `logs.txt` (the first LOG_BYTES).
+whole process group, and the job's end kills all that is left in its pids cgroup (where the host has
+one: workers/cgroup.py), daemons too. Its stdout and stderr become `logs.txt` (the first LOG_BYTES).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from app.db import session_scope
 from app.models import CodeUpload, JobLog
 from trainers.base import METRIC_FIELDS, EpochMetrics, FitResult
 from trainers.spec import JobSpec
-from workers import sandbox
+from workers import cgroup, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ LOG_EVENT_BYTES = 256 * 1024  # of the child's output streamed as `log` events (
 LOG_LINE_CHARS = 4000  # a longer line is streamed in pieces of this many characters
 LOG_FLUSH_S = 1.0  # the worker stores the lines read at most this often (one row each time)
 START_SLACK_CPU_S = 120  # CPU seconds of the child's start (imports, data) on top of max_runtime_s
+# The child's processes and threads (its pids cgroup counts both): XLA and torch start about 4
+# threads per core of their own (a JAX job on 2 cores: 18), so the limit grows with the cores.
+PROCESSES, PROCESSES_PER_CORE = 64, 8
 
 
 class UserCodeFailed(Exception):
@@ -119,10 +123,38 @@ def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Pat
     data = _copy_data(dataset_file, workdir / DATA_FOLDER)
     threads = len(os.sched_getaffinity(0))
     cpu_s = int(math.ceil(spec.max_runtime_s * threads)) + START_SLACK_CPU_S if spec.max_runtime_s else None
-    limits = sandbox.Limits(settings.user_code_memory_bytes, settings.user_code_file_bytes, cpu_s=cpu_s)
+    processes = PROCESSES + PROCESSES_PER_CORE * threads
+    limits = sandbox.Limits(settings.user_code_memory_bytes, settings.user_code_file_bytes, processes, cpu_s)
     extra = [p for p in (settings.data_dir,) if p is not None and p.exists()]
     readable = sandbox.readable_roots(extra)
     log.info("job %s: user code runs in a child with %s", job_id, sandbox.available())
+    group = cgroup.JobCgroup.create(job_id, limits.processes)
+    try:
+        setup = sandbox.preexec(workdir, limits, readable, group)
+        return _run(job_id, spec, workdir, hooks, code_dir, data, threads, setup)
+    except UserCodeFailed as error:
+        if group is not None and group.reached_limit():  # e.g. a fork bomb's BlockingIOError
+            raise UserCodeFailed(f"it reached its limit of {limits.processes} processes and threads; {error}") from None
+        raise
+    finally:
+        if group is not None:  # what it left behind, daemons too, dies with the job
+            peak = group.destroy()
+            log.info("job %s: its pids cgroup held at most %s of %d tasks", job_id, peak, limits.processes)
+
+
+def _run(
+    job_id: str,
+    spec: JobSpec,
+    workdir: Path,
+    hooks: Any,
+    code_dir: Path,
+    data: Path | None,
+    threads: int,
+    preexec: Callable[[], None],
+) -> FitResult:
+    """Start the child (`preexec` sets up its walls), follow it to its result, kill its process
+    group, keep its output."""
+    settings = get_settings()
     read_end, write_end = os.pipe()
     request = {
         "fd": write_end,
@@ -147,7 +179,7 @@ def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Pat
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             pass_fds=(write_end,),
-            preexec_fn=sandbox.preexec(workdir, limits, readable),
+            preexec_fn=preexec,
             start_new_session=True,  # its own process group: killed as one
         )
     finally:

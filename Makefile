@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # Debian's package puts Fashion-MNIST here (MNIST's IDX format); the demo trains on it.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data demo test test-fast lint bench gpu-check deploy-test clean
+.PHONY: install data demo test test-fast lint bench gpu-check deploy-test deploy-images clean
 
 install: $(STAMP)
 
@@ -57,6 +57,11 @@ gpu-check: install data
 deploy-test: DEPLOY_TEST_ARGS ?= --local-images
 deploy-test: install
 	$(PY) -m bench.deploy_test $(DEPLOY_TEST_ARGS)
+
+# Step 1 of deploy-test alone (the images); CI runs it beside the tests.
+deploy-images: DEPLOY_TEST_ARGS ?= --local-images
+deploy-images: install
+	$(PY) -m bench.deploy_test $(DEPLOY_TEST_ARGS) --build-only
 
 clean:
 	rm -rf var .pytest_cache

@@ -1,6 +1,6 @@
 """`make deploy-test` (`python -m bench.deploy_test`): docker-compose.yml run for real, with podman.
 
-    python -m bench.deploy_test [--local-images] [--keep-images] [--timeout-s 900]
+    python -m bench.deploy_test [--local-images] [--build-only] [--timeout-s 900]
 
 1. images: with --local-images, docker/local-base.sh makes the Debian base and the PostgreSQL and
    Redis images from the Debian mirror (for hosts that cannot pull public images); then
@@ -19,6 +19,8 @@
    resumes it from its checkpoint on the shared artifact volume (it records no epoch twice) and
    it succeeds with every epoch recorded once (attempts 2);
 5. down: `podman-compose down -v`, then no container, volume or network of the project is left.
+   `--build-only` runs step 1 alone (CI builds the images while the tests run; the full run
+   after them finds every layer cached).
    Step 5 runs however the others end (an error, Ctrl-C, SIGTERM), after printing the end of
    every service's log when something failed.
 
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="make the base, PostgreSQL and Redis images locally (docker/local-base.sh)",
     )
+    parser.add_argument("--build-only", action="store_true", help="make the images (step 1) and stop")
     parser.add_argument("--timeout-s", type=float, default=900, help="the whole test's deadline")
     args = parser.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the stack still comes down.
@@ -111,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             stack.build("worker-cpu")
             if services is not None and services.wait() != 0:
                 raise Failed(f"docker/local-base.sh services exited {services.returncode}")
+        if args.build_only:
+            ok = True
+            print(f"\nimages built in {time.monotonic() - started:.0f} s")
+            return 0
         stack.down(quiet=True)  # what an interrupted earlier run may have left
         for level in stack.start_order():
             with step(f"up {', '.join(level)}"):

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.skipif(
 CODE = textwrap.dedent('''
     import math
     import os
+    import subprocess
     import time
 
     import torch
@@ -60,19 +61,11 @@ CODE = textwrap.dedent('''
 
 
     def daemon(input_shape, num_classes, marker=""):
-        if os.fork() == 0:  # a double fork and setsid: out of the child's process group
-            os.setsid()
-            if os.fork() == 0:
-                with open("daemon.pid.tmp", "w") as f:
-                    f.write(str(os.getpid()))
-                os.rename("daemon.pid.tmp", "daemon.pid")
-                time.sleep(120)
-                os._exit(0)
-            os._exit(0)
-        os.wait()
-        while not os.path.exists("daemon.pid"):
-            time.sleep(0.05)
-        pid = int(open("daemon.pid").read())
+        # A daemon as programs start one: its own session, out of the child's process group (a
+        # Python fork here could hang: torch's threads are running).
+        pid = subprocess.Popen(["/bin/sleep", "120"], start_new_session=True).pid
+        with open("daemon.pid", "w") as f:
+            f.write(str(pid))
         os.kill(pid, 0)
         print("daemon", pid, "is running", flush=True)
         return _net(input_shape, num_classes)
@@ -163,7 +156,7 @@ def test_a_daemonized_grandchild_dies_with_its_job(api, coder, marker, services_
     pid = int((Path(services_env["TRAINHUB_ARTIFACT_DIR"]) / done["id"] / "daemon.pid").read_text())
     logs = api.get(f"/jobs/{done['id']}/artifacts/logs.txt", headers=coder).text
     assert f"daemon {pid} is running" in logs
-    assert leftovers(marker) == []  # the daemon carried it: its parent's command line
+    assert not alive(pid) and leftovers(marker) == []
 
 
 HELPER = textwrap.dedent('''

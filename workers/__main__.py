@@ -107,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             from workers import sandbox
 
             print(f"trainhub worker: user code runs in a child with {sandbox.available()}", flush=True)
+            from workers import cgroup
+
+            if removed := cgroup.remove_orphans():  # what a worker killed outright left on this host
+                print(f"trainhub worker: removed {removed} job cgroup(s) a stopped worker left", flush=True)
         if stop_when_ready:  # stopped while starting
             return 0
         celery.worker_main(

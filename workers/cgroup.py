@@ -102,7 +102,8 @@ class JobCgroup:
         where = hierarchy()
         if where is None:
             return None
-        path = where.path / f"{job_id}-{secrets.token_hex(4)}"  # a retried job gets a new one
+        # The worker's pid says whose it is (remove_orphans); a retried job gets a new one.
+        path = where.path / f"{job_id}-{os.getpid()}-{secrets.token_hex(4)}"
         path.mkdir()
         try:
             (path / "pids.max").write_text(str(limit))
@@ -158,3 +159,19 @@ class JobCgroup:
         except OSError as error:
             log.warning("cgroup %s was not removed: %s", self.path, error)
             return None
+
+
+def remove_orphans() -> int:
+    """Destroy the job cgroups under this host's hierarchy whose worker process is gone: what a
+    worker killed outright (SIGKILL, a crash) left, its job's processes included. Returns how
+    many went. A live worker's cgroups stay, whichever deployment it serves."""
+    where = hierarchy()
+    if where is None:
+        return 0
+    removed = 0
+    for path in where.path.iterdir():
+        worker_pid = path.name.split("-")[-2] if path.name.count("-") >= 2 else ""
+        if path.is_dir() and worker_pid.isdigit() and not Path(f"/proc/{worker_pid}").exists():
+            JobCgroup(path, where.version, 0).destroy()
+            removed += 1
+    return removed

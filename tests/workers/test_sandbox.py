@@ -203,3 +203,26 @@ def test_the_cgroup_helper_limits_forks_then_kills_everything_and_removes_itself
             group.destroy()
         process.kill()
         process.wait()
+
+
+def test_a_new_worker_removes_the_cgroups_a_killed_worker_left_but_not_a_live_workers():
+    gone = subprocess.Popen(["/bin/true"])
+    gone.wait()  # a worker SIGKILLed mid-job: its pid is free, its job's cgroup still there
+    where = cgroup.hierarchy()
+    assert where is not None
+    left = where.path / f"{uuid.uuid4()}-{gone.pid}-0badc0de"
+    left.mkdir()
+    live = cgroup.JobCgroup.create(str(uuid.uuid4()), 8)  # this process's: a live worker's
+    assert live is not None
+    sleeper = subprocess.Popen(["/bin/sleep", "60"], preexec_fn=cgroup.JobCgroup(left, where.version, 8).join,
+                               start_new_session=True)
+    try:
+        assert cgroup.remove_orphans() >= 1
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert not left.exists() and live.path.is_dir()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for path in (left, live.path):
+            if path.exists():
+                cgroup.JobCgroup(path, where.version, 8).destroy()

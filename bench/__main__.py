@@ -315,10 +315,11 @@ def breakdown(job: dict) -> str:
 
 
 def measure_service(config: Config, database_url: str, redis_url: str, root: Path,
-                    only_api: bool = False) -> tuple[dict, dict, dict]:
+                    only_api: bool = False, only_jobs: bool = False) -> tuple[dict, dict, dict]:
     """(service results, api results, datasets results) through the real processes. A part that
     fails is recorded as skipped with its error (the API part still runs after failed jobs), so
-    the rest of the run is still reported. `only_api`: the API part alone (the others skipped)."""
+    the rest of the run is still reported. `only_api`: the API part alone (the others skipped);
+    `only_jobs`: the service's jobs alone."""
     from bench.service import Service
 
     service = Service(database_url, redis_url, root, api_workers=config.api_workers)
@@ -339,6 +340,8 @@ def measure_service(config: Config, database_url: str, redis_url: str, root: Pat
         except Exception as exc:
             service_out["skipped"] = f"service jobs failed: {type(exc).__name__}: {exc}"
             log(service_out["skipped"])
+        if only_jobs:
+            return service_out, {"skipped": "--only service"}, {"skipped": "--only service"}
         datasets_out: dict = {"skipped": "--only api"} if only_api else {}
         if not only_api:
             try:
@@ -485,6 +488,37 @@ def services_unavailable(database_url: str, redis_url: str) -> str | None:
     return check_reachable(database_url, redis_url)
 
 
+def run_service_only(config: Config, args: argparse.Namespace) -> int:
+    """`--only service`: part 5 alone (the jobs cold and warm, the user-code row, the compile
+    cache, worker RSS); its figures and verdicts replace those in the results file, the other
+    parts' are kept."""
+    started = time.perf_counter()
+    out_path = args.out or DEFAULT_OUT
+    results: dict = json.loads(out_path.read_text()) if out_path.exists() else {"config": asdict(config)}
+    why = services_unavailable(args.database_url, args.redis_url)
+    if why:
+        log(f"service part skipped: {why}")
+        service: dict = {"skipped": why}
+    else:
+        with tempfile.TemporaryDirectory(prefix="trainhub-bench-") as tmp:
+            service, _, _ = measure_service(config, args.database_url, args.redis_url, Path(tmp) / "service",
+                                            only_jobs=True)
+    service.update(started_at=datetime.fromtimestamp(time.time() - (time.perf_counter() - started),
+                                                     timezone.utc).isoformat(timespec="seconds"),
+                   duration_s=time.perf_counter() - started, quick=args.quick,
+                   host={"cpus": len(os.sched_getaffinity(0)), "load_avg_at_end": os.getloadavg()})
+    results["service"] = service
+    verdicts = report.criteria(results)
+    results["criteria"] = [c.to_dict() for c in verdicts]
+    names = ("service overhead", "user-code", "second identical JAX", "worker RSS")
+    print("\n".join(report.criteria_lines([c for c in verdicts if c.name.startswith(names)])), flush=True)
+    if not args.quick or args.out:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {out_path}")
+    return 0
+
+
 def run_api_only(config: Config, args: argparse.Namespace) -> int:
     """`--only api`: the service started, the API load and its verdicts; nothing else."""
     started = time.perf_counter()
@@ -524,9 +558,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-cnn", action="store_true", help="skip the CNN rows (both trainers on the CNN)")
     parser.add_argument("--skip-resnet", action="store_true",
                         help="skip the resnet8 rows (both trainers on the resnet8 preset)")
-    parser.add_argument("--only", choices=["api", "scale"],
+    parser.add_argument("--only", choices=["api", "scale", "service"],
                         help="run one part alone: api (POST and GET load against the service; results written only "
-                             "with --out), scale (the scale row; merged into the results file)")
+                             "with --out), scale (the scale row), service (the service's jobs, the user-code row, "
+                             "worker RSS); scale and service are merged into the results file")
     parser.add_argument("--skip-scale", action="store_true", help="skip the scale row (part 8)")
     parser.add_argument("--scale-database-url",
                         default=os.environ.get("TRAINHUB_BENCH_SCALE_DATABASE_URL", DEFAULT_SCALE_DATABASE_URL),
@@ -557,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_api_only(config, args)
     if args.only == "scale":
         return run_scale_only(config, args)
+    if args.only == "service":
+        return run_service_only(config, args)
     out_path = args.out or (None if args.quick else DEFAULT_OUT)
     started = time.perf_counter()
     results: dict = {

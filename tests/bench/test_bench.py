@@ -360,7 +360,11 @@ def test_verdicts_pass_fail_and_not_measured():
     verdicts = {c.name: c.passed for c in report.criteria(results)}
 
     assert verdicts["JAX trainer steady epoch vs seeds' JAX loop"] is True      # 0.57 x
-    assert verdicts["JAX trainer steady epoch vs floor"] is True                # 1.06 x
+    assert verdicts["JAX trainer (scan, AOT) steady epoch vs floor"] is True   # 1.06 x <= 1.10
+    assert verdicts["PyTorch trainer, eager steady epoch vs floor"] is False    # 3.6 x > 2.0
+    assert verdicts["PyTorch trainer, compile steady epoch vs floor"] is False  # 1.79 x > 1.4
+    assert verdicts["PyTorch trainer with compile faster than eager"] is True   # 0.84 s < 1.70 s
+    assert verdicts["JAX trainer CNN steady epoch vs the CNN's floor"] is None  # --skip-cnn
     assert verdicts["PyTorch trainer (eager) steady epoch vs seed"] is False    # 0.92 x
     assert verdicts["PyTorch trainer (compile) steady epoch vs seed"] is True   # 0.45 x
     assert verdicts["final test accuracy, PyTorch trainer, compile vs seed"] is False  # 0.02 apart

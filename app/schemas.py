@@ -98,7 +98,13 @@ class Job(BaseModel):
 
     id: str
     status: JobStatus
-    spec: JobSpec
+    # A spec stored by an earlier version that this one no longer accepts (a limit tightened, a
+    # field renamed) is served as stored rather than failing the read.
+    spec: JobSpec | dict[str, Any] = Field(
+        union_mode="left_to_right",
+        description="The job's spec, normalised with every default; a spec stored by an earlier version that no "
+        "longer validates is served as stored.",
+    )
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None

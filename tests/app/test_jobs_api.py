@@ -222,3 +222,28 @@ def test_a_user_key_sees_what_a_job_ran_on_not_where(api, auth, make_key, rows):
     assert "gpu-host-7" not in api.get("/jobs", headers=auth).text
     admin = {"Authorization": f"Bearer {make_key('ops', admin=True)}"}
     assert api.get(f"/jobs/{job_id}", headers=admin).json()["worker"] == worker
+
+
+def test_a_stored_spec_that_no_longer_validates_is_served_as_stored(api, auth, rows):
+    """A spec an earlier version accepted but this one refuses (its limits tightened, a field
+    renamed) still renders: GET /jobs/{id} and the list answer 200 with the spec as stored."""
+    from sqlalchemy import update
+
+    from app.db import session_scope
+    from app.models import Job
+
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    stored = {**job["spec"], "batch_size": 0, "a_field_of_an_older_version": True}
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id == job["id"]).values(spec=stored))
+        session.commit()
+    rows.start(job["id"])
+    rows.finish(job["id"], "failed", error={"type": "invalid_spec", "reason": "spec_invalid", "message": "batch_size"})
+
+    one = api.get(f"/jobs/{job['id']}", headers=auth)
+    assert one.status_code == 200, one.text
+    assert one.json()["spec"] == stored and one.json()["status"] == "failed"
+    assert one.json()["model"] is None  # its parameter count cannot be worked out
+    listed = api.get("/jobs", headers=auth)
+    assert listed.status_code == 200, listed.text
+    assert [j["spec"] for j in listed.json()["items"]] == [stored]

@@ -158,12 +158,16 @@ class RunOptions:
     fetched (and its sha256 checked) by the caller.
     user_model: a spec with user code (model.code): its loaded entrypoint (trainers.user_code),
     given only inside the job's child process.
+    keep_programs: JAX: keep the run's compiled programs in the process for the next run of the
+    same shape (jax_trainer.program_key), as a worker does; off, every run compiles its own (or
+    loads it from the persistent cache), and its timings count that.
     """
 
     data_dir: Path | None = None
     compile_cache_dir: Path | None = None
     dataset_file: Path | None = None
     user_model: UserModel | None = None
+    keep_programs: bool = False
 
 
 Report = Callable[[int, EpochMetrics], None]

@@ -182,6 +182,7 @@ def run_options(dataset_file: Path | None = None) -> trainers.RunOptions:
         data_dir=settings.data_dir,
         compile_cache_dir=settings.resolved_compile_cache_dir(),
         dataset_file=dataset_file,
+        keep_programs=True,  # the next job of the same shape reuses this one's compiled programs
     )
 
 

@@ -489,7 +489,9 @@ def measure_part9(name: str, config: Config, database_url: str, redis_url: str, 
     if why:
         log(f"{name} row skipped: {why}")
         return {"skipped": why}
-    service = Service(database_url, redis_url, root / name)
+    # Inductor's caches (its FX graph cache among them) in the row's own folder, fresh like JAX's.
+    extra_env = {"TORCHINDUCTOR_CACHE_DIR": str(root / name / "inductor-cache")} if name == "cold-start" else {}
+    service = Service(database_url, redis_url, root / name, extra_env=extra_env)
     try:
         service.start()
         if name == "small-jobs":

@@ -84,3 +84,25 @@ def test_tiny_pytorch_steps_run_on_one_thread():
     assert threads_for(JobSpec(framework="pytorch", **SPEC)) == 1  # the digits MLP: ~20 MFLOP a step
     large = JobSpec(framework="pytorch", dataset={"name": "fashion-mnist"}, model={"hidden_sizes": [1024, 1024]})
     assert threads_for(large) == cores
+
+
+def test_the_digits_split_is_kept_for_the_next_worker(tmp_path, monkeypatch):
+    import sys
+
+    import numpy as np
+
+    from trainers import data
+    from trainers.spec import DatasetSpec
+
+    data._digits.cache_clear()
+    first = data.load_dataset(DatasetSpec(name="digits"), tmp_path)
+    assert len(list(tmp_path.glob("digits-*.npz"))) == 1
+    data._digits.cache_clear()  # as in a fresh worker, which cannot import scikit-learn here
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    again = data.load_dataset(DatasetSpec(name="digits"), tmp_path)
+    data._digits.cache_clear()
+
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        assert np.array_equal(getattr(first, name), getattr(again, name)) and getattr(again, name).dtype == getattr(
+            first, name).dtype
+    assert len(again.x_train) == 1437

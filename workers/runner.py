@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -33,9 +33,11 @@ from app.config import get_settings
 from app.db import get_engine, is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
-from app.sweeps import service as sweeps
 from trainers.spec import PRIORITIES, JobSpec
-from workers import comparisons, dataset_cache, user_code
+from workers import dataset_cache, user_code
+
+if TYPE_CHECKING:  # imported where first used: a fresh worker's first job waits for neither
+    from app.sweeps import service as sweeps  # (fastapi, through the sweep spec's validation)
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +146,7 @@ def train(claimed: Claimed, worker: dict, serves: list[str], claim_s: float = 0.
     job_id, attempt, claimed_at = claimed.job_id, claimed.attempt, claimed.claimed_at
     spec = validated_spec(claimed.spec)
     workdir = get_settings().resolved_artifact_dir() / job_id
-    trial = retrying(lambda: sweeps.TrialHook.of(claimed.job)) if claimed.job.sweep_id is not None else None
+    trial = retrying(lambda: _sweeps().TrialHook.of(claimed.job)) if claimed.job.sweep_id is not None else None
     hooks = JobHooks(job_id, attempt, spec.max_runtime_s, trial)
     if get_settings().preemption and serves:
         hooks.preemptible(
@@ -184,6 +186,8 @@ def train(claimed: Claimed, worker: dict, serves: list[str], claim_s: float = 0.
         result=result.result,
         worker=worker,
     )
+    from workers import comparisons  # (the parity check's reference; after the job)
+
     retrying(lambda: comparisons.settle(job_id))
     return status
 
@@ -483,10 +487,16 @@ def finish(job_id: str, attempt: int, status: JobStatus, trial: bool = True, **v
     if not trial:
         return status
     try:
-        retrying(lambda: sweeps.settle(job_id))
+        retrying(lambda: _sweeps().settle(job_id))
     except Exception:  # the reconciler takes the sweep's turn later
         log.exception("job %s: its sweep's turn failed; the reconciler takes it later", job_id)
     return status
+
+
+def _sweeps():  # type: ignore[no-untyped-def]  # the module, typed as app.sweeps.service
+    from app.sweeps import service
+
+    return service
 
 
 # should_stop's flags when the progress' UPDATE found the row owned by another attempt.

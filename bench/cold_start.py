@@ -13,6 +13,9 @@ root, shared by every worker it starts), and is then stopped. Then, for each kin
 - the framework it did not need must not be loaded: the other one's shared library is looked
   for in /proc/<pid>/maps once the job has ended;
 - the worker is stopped (SIGTERM) before the next kind's starts, so each job is its worker's first.
+
+The "warm-up" kinds do the same with TRAINHUB_WARM_UP naming the job's framework: the worker
+imports it in the background from the moment it is online (workers/warm_up.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from bench.service import Service, _parse_time, run_job
 
 # (label, framework, compile) of the first jobs; each one's spec is small_jobs' digits MLP.
 KINDS = (("jax", "jax", False), ("pytorch", "pytorch", False), ("pytorch+compile", "pytorch", True))
+# The same first jobs on a worker that warms their framework up (TRAINHUB_WARM_UP).
+WARM_KINDS = (("jax, warm-up", "jax", False), ("pytorch, warm-up", "pytorch", False))
 # A shared object each framework's import maps: seeing it in the other kind's worker means the
 # worker imported what its first job did not need.
 LIBRARY = {"jax": "xla_extension", "pytorch": "libtorch_cpu"}
@@ -57,9 +62,10 @@ def measure(service: Service, log: Callable[[str], None] = print, timeout_s: flo
         stop(service.worker)
         service.worker = None  # stop() of the service must not wait on it again
         kinds = {}
-        for label, framework, compile in KINDS:
+        for label, framework, compile in (*KINDS, *WARM_KINDS):
             log(f"cold start: a fresh worker, then its first job ({label})")
-            kinds[label] = fresh_worker_first_job(service, client, framework, compile, timeout_s)
+            warm = framework if "warm-up" in label else ""
+            kinds[label] = fresh_worker_first_job(service, client, framework, compile, timeout_s, warm)
             figures = kinds[label]
             log(f"  online {figures['online_s']:.2f} s; first epoch {figures['first_epoch_s']:.2f} s after "
                 f"submit (its train time {figures['epoch_time_s']:.3f} s)")
@@ -67,10 +73,12 @@ def measure(service: Service, log: Callable[[str], None] = print, timeout_s: flo
 
 
 def fresh_worker_first_job(service: Service, client: httpx.Client, framework: str, compile: bool,
-                           timeout_s: float) -> dict:
-    log_path = service.root / "logs" / f"worker-cold-{framework}{'-compile' if compile else ''}.log"
+                           timeout_s: float, warm_up: str = "") -> dict:
+    name = f"{framework}{'-compile' if compile else ''}{'-warm-up' if warm_up else ''}"
+    log_path = service.root / "logs" / f"worker-cold-{name}.log"
     started = time.perf_counter()
-    worker = subprocess.Popen([sys.executable, "-m", "workers", "--hardware", "cpu"], env=service.env,
+    env = {**service.env, "TRAINHUB_WARM_UP": warm_up}
+    worker = subprocess.Popen([sys.executable, "-m", "workers", "--hardware", "cpu"], env=env,
                               stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     try:
         online_s = wait_online(client, worker, started, log_path, timeout_s)

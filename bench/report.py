@@ -447,9 +447,9 @@ def small_jobs_criteria(results: dict) -> list[Criterion]:
             note="per job, ms: " + ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.1f}" for k, v in m.items())
                  + f", other {row['other_s'] * 1e3:.1f} (HTTP, broker, Celery, spec read, end writes)"))
     cold = results.get("cold_start", {})
-    from bench.cold_start import KINDS
+    from bench.cold_start import KINDS, WARM_KINDS
 
-    for kind, _, _ in KINDS:
+    for kind, _, _ in (*KINDS, *WARM_KINDS):
         row = cold.get("kinds", {}).get(kind)
         names = (f"cold-start: a fresh worker online (heartbeat in GET /workers), then a {kind} job",
                  f"cold-start: the first {kind} job on a fresh worker, submit to its first epoch",

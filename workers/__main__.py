@@ -97,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if not schema_current():  # most starts find it migrated: no Alembic, no migration lock
         migrate()
+    # The task's code, before the first heartbeat: online then means a job is taken within about
+    # a tenth of a second, not after the ~0.7 s Celery would spend importing it (and no framework
+    # is imported by it: each job imports its own).
+    from celery.apps import worker as _celery_worker  # noqa: F401
+
+    import workers.tasks  # noqa: F401
+
     identity, heartbeat = register(caps), None
     try:
         # Online first; the reconciler (and its imports) is first needed a heartbeat later.
@@ -112,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
             if removed := cgroup.remove_orphans():  # what a worker killed outright left on this host
                 print(f"trainhub worker: removed {removed} job cgroup(s) a stopped worker left", flush=True)
+        from workers import warm_up
+
+        served = {queue.split(".")[1] for queue in caps.queues}
+        warm_up.start([f for f in settings.warm_up.split(",") if f in served])
         if stop_when_ready:  # stopped while starting
             return 0
         celery.worker_main(

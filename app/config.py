@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     # running job whose worker has been silent longer is handed to another worker.
     worker_timeout_s: float = Field(30.0, gt=0)
     heartbeat_s: float = Field(5.0, gt=0)
+    # Frameworks a worker imports in the background once it is online ("jax", "pytorch" or both,
+    # comma-separated; workers/warm_up.py), so its first job of them does not wait for the import
+    # (seconds each). Empty (the default): a worker imports only what its jobs need, when they do.
+    warm_up: str = ""
     # Where clients reach the API (e.g. https://trainhub.example.com): artifact URLs in answers
     # start with it. Unset: they are relative (/jobs/...), never built from a request's Host.
     public_url: str | None = None
@@ -186,6 +190,14 @@ class Settings(BaseSettings):
     # dataset_cache_bytes (default <var_dir>/dataset-cache, 20 GiB).
     dataset_cache_dir: Path | None = None
     dataset_cache_bytes: int = Field(20 * 1024**3, ge=0)
+
+    @field_validator("warm_up")
+    @classmethod
+    def _known_frameworks(cls, value: str) -> str:
+        unknown = [f for f in value.replace(" ", "").split(",") if f and f not in ("jax", "pytorch")]
+        if unknown:
+            raise ValueError(f"unknown framework(s) {', '.join(unknown)}: name jax, pytorch or both")
+        return value.replace(" ", "")
 
     @field_validator("cors_origins", mode="before")
     @classmethod

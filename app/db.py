@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from functools import lru_cache
@@ -122,6 +124,39 @@ def migrate(url: str | None = None) -> None:
             connection.exec_driver_sql("SELECT pg_advisory_xact_lock(727274)")
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+
+
+_REVISION = re.compile(r"""^(down_revision|revision)\s*(?::[^=]*)?=\s*(.+)$""", re.MULTILINE)
+
+
+def head_revisions(directory: Path = MIGRATIONS_DIR / "versions") -> set[str]:
+    """The Alembic heads of the migration scripts, read from their `revision`/`down_revision`
+    lines without importing Alembic (a worker asks at every start). Raises ValueError when a
+    script has no revision line."""
+    revisions: set[str] = set()
+    downs: set[str | None] = set()
+    for script in directory.glob("*.py"):
+        found = dict(_REVISION.findall(script.read_text()))
+        if "revision" not in found:
+            raise ValueError(f"migration {script.name} has no revision line")
+        revisions.add(ast.literal_eval(found["revision"]))
+        down = ast.literal_eval(found.get("down_revision", "None"))
+        downs.update(down if isinstance(down, (tuple, list)) else [down])
+    return revisions - downs
+
+
+def schema_current(engine: Engine | None = None) -> bool:
+    """Whether the database is migrated to head already (its alembic_version rows are the heads),
+    so a starting worker need not load Alembic and take the migration lock. False when it cannot
+    tell (no alembic_version table yet, or a script it cannot read): then migrate() decides."""
+    from sqlalchemy import text
+
+    try:
+        with (engine or get_engine()).connect() as connection:
+            stored = {row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))}
+        return bool(stored) and stored == head_revisions()
+    except (exc.DBAPIError, ValueError, SyntaxError):
+        return False
 
 
 # Errors that a retry can outlast: the server restarting or unreachable, a connection it

@@ -35,7 +35,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import CursorResult, Table, Update, bindparam, case, select, update
+from sqlalchemy import CursorResult, Row, Table, Update, bindparam, case, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -49,6 +49,7 @@ __all__ = [
     "JobStatus",
     "claim",
     "record_epoch",
+    "record_epoch_flags",
     "finish",
     "release",
     "preempt",
@@ -95,6 +96,20 @@ def record_epoch(session: Session, job_id: str, attempt: int, epoch: int) -> boo
     )
     session.commit()
     return moved == 1
+
+
+def record_epoch_flags(session: Session, job_id: str, attempt: int, epoch: int) -> Row | None:
+    """record_epoch, returning the row's (cancel_requested, status, attempts) after it in the same
+    statement, so a worker learns of a cancel or a hand-over without reading its flags again;
+    None when this attempt no longer owns the row."""
+    row = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.attempts == attempt)
+        .values(epoch=case((Job.epoch < epoch, epoch), else_=Job.epoch))
+        .returning(Job.cancel_requested, Job.status, Job.attempts)
+    ).first()
+    session.commit()
+    return row
 
 
 def finish(session: Session, job_id: str, attempt: int, status: JobStatus, **values: object) -> bool:

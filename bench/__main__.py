@@ -26,12 +26,17 @@ One run measures, on the same data and machine, in turns:
 8. the scale row (bench/scale.py, issue 21): on a database of its own, grown to 10^3, 10^5 and
    10^6 stored jobs, the p50/p99 of /metrics, the job list, a job, its metrics and POST /jobs at
    each size; then 1,000 event streams held open (the database's transactions per second, and
-   the delay from an epoch stored to its event reaching the client).
+   the delay from an epoch stored to its event reaching the client);
+9. the small-jobs row (bench/small_jobs.py, issue 23): one cpu worker running one-epoch digits
+   MLP jobs back to back, jobs a second and where each job's time goes; and the cold-start row
+   (bench/cold_start.py): a fresh worker's time to online and its first job's time to its
+   first epoch, with the compilation caches warm from an earlier worker.
 
 It prints the tables and a PASS/FAIL line per target of issue 3, and writes bench/results.json.
 `--quick` runs every part at toy sizes (1-2 minutes): a smoke test of the code, not a
 measurement. `--only api` runs part 7 alone (the service started, no training jobs), for work on
-the API's throughput; `--only scale` part 8 alone, its figures merged into the results file.
+the API's throughput; `--only scale` part 8 alone, its figures merged into the results file
+(`--only small-jobs` and `--only cold-start` the same for part 9's two rows).
 The service parts use their own database and Redis db (see --database-url,
 --redis-url; the database is created when the server has none of its name) and are skipped,
 saying why, when those are unreachable.
@@ -119,6 +124,8 @@ class Config:
     scale_window_s: float = 10.0
     scale_settle_s: float = 11.0
     scale_stream_epochs: int = 50
+    # Part 9: one-epoch digits jobs submitted back to back, per framework (issue 23: over 100).
+    small_jobs: int = 100
     loops: tuple[str, ...] = ISSUE_LOOPS
     one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process
 
@@ -130,7 +137,8 @@ class Config:
                    matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, resnet_epochs=2, resnet_train_limit=256,
                    resnet_test_limit=256, resnet_rounds=1, upload_stream_bytes=64 * 1024**2,
                    upload_rounds=1, upload_csv_bytes=2 * 10**6, dataset_train_limit=1024, scale_sizes=(100, 1000),
-                   scale_requests=20, scale_streams=20, scale_window_s=2.0, scale_settle_s=0.0, scale_stream_epochs=10, one_process=True)
+                   scale_requests=20, scale_streams=20, scale_window_s=2.0, scale_settle_s=0.0, scale_stream_epochs=10, small_jobs=10,
+                   one_process=True)
 
     def scale(self) -> ScaleConfig:
         from bench.scale import ScaleConfig
@@ -474,6 +482,58 @@ def run_scale_only(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def measure_part9(name: str, config: Config, database_url: str, redis_url: str, root: Path) -> dict:
+    """The small-jobs or cold-start row on a service of its own (the API and one cpu worker);
+    {"skipped": why} when PostgreSQL or Redis is not there or the row fails."""
+    from bench import cold_start, small_jobs
+    from bench.service import Service
+
+    why = services_unavailable(database_url, redis_url)
+    if why:
+        log(f"{name} row skipped: {why}")
+        return {"skipped": why}
+    # Inductor's caches (its FX graph cache among them) in the row's own folder, fresh like JAX's.
+    extra_env = {"TORCHINDUCTOR_CACHE_DIR": str(root / name / "inductor-cache")} if name == "cold-start" else {}
+    service = Service(database_url, redis_url, root / name, extra_env=extra_env)
+    try:
+        service.start()
+        if name == "small-jobs":
+            out = {"frameworks": small_jobs.measure(service, config.small_jobs, log)}
+        else:
+            out = cold_start.measure(service, log)
+    except Exception as exc:
+        log(f"{name} row failed: {type(exc).__name__}: {exc}")
+        return {"skipped": f"the {name} row failed: {type(exc).__name__}: {exc}"}
+    finally:
+        service.stop()
+    return out
+
+
+def run_part9_only(name: str, config: Config, args: argparse.Namespace) -> int:
+    """`--only small-jobs` / `--only cold-start`: that row alone; its figures and verdicts replace
+    those in the results file (bench/results.json unless --out), the other parts' are kept."""
+    started = time.perf_counter()
+    out_path = args.out or DEFAULT_OUT
+    results: dict = json.loads(out_path.read_text()) if out_path.exists() else {"config": asdict(config)}
+    key = name.replace("-", "_")
+    with tempfile.TemporaryDirectory(prefix="trainhub-bench-") as tmp:
+        row = measure_part9(name, config, args.database_url, args.redis_url, Path(tmp))
+    row["started_at"] = datetime.fromtimestamp(time.time() - (time.perf_counter() - started), timezone.utc).isoformat(
+        timespec="seconds")
+    row["duration_s"] = time.perf_counter() - started
+    row["quick"] = args.quick
+    row["host"] = {"cpus": len(os.sched_getaffinity(0)), "load_avg_at_end": os.getloadavg()}
+    results[key] = row
+    verdicts = report.criteria(results)
+    results["criteria"] = [c.to_dict() for c in verdicts]
+    mine = [c for c in verdicts if c.name.startswith(f"{name}: ")]
+    print("\n".join([*report.small_jobs_table(results), "", *report.criteria_lines(mine)]), flush=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"results written to {out_path}")
+    return 0
+
+
 def services_unavailable(database_url: str, redis_url: str) -> str | None:
     """None when the service parts can run: the database is created if the server lacks it
     (`make bench`'s `bench`), then PostgreSQL and Redis must answer. Otherwise why not, in words."""
@@ -558,10 +618,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-cnn", action="store_true", help="skip the CNN rows (both trainers on the CNN)")
     parser.add_argument("--skip-resnet", action="store_true",
                         help="skip the resnet8 rows (both trainers on the resnet8 preset)")
-    parser.add_argument("--only", choices=["api", "scale", "service"],
+    parser.add_argument("--only", choices=["api", "scale", "service", "small-jobs", "cold-start"],
                         help="run one part alone: api (POST and GET load against the service; results written only "
                              "with --out), scale (the scale row), service (the service's jobs, the user-code row, "
-                             "worker RSS); scale and service are merged into the results file")
+                             "worker RSS), small-jobs or cold-start (part 9's rows); the last four are merged into "
+                             "the results file")
+    parser.add_argument("--small-jobs", type=int, help="jobs per framework in the small-jobs row (default 100; "
+                                                       "quick 10)")
     parser.add_argument("--skip-scale", action="store_true", help="skip the scale row (part 8)")
     parser.add_argument("--scale-database-url",
                         default=os.environ.get("TRAINHUB_BENCH_SCALE_DATABASE_URL", DEFAULT_SCALE_DATABASE_URL),
@@ -590,10 +653,14 @@ def main(argv: list[str] | None = None) -> int:
         config.scale_streams = args.scale_streams
     if args.only == "api":
         return run_api_only(config, args)
+    if args.small_jobs:
+        config.small_jobs = args.small_jobs
     if args.only == "scale":
         return run_scale_only(config, args)
     if args.only == "service":
         return run_service_only(config, args)
+    if args.only in ("small-jobs", "cold-start"):
+        return run_part9_only(args.only, config, args)
     out_path = args.out or (None if args.quick else DEFAULT_OUT)
     started = time.perf_counter()
     results: dict = {
@@ -662,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
                 results["service"]["redis_url"] = args.redis_url
         results["scale"] = ({"skipped": "--skip-scale"} if args.skip_scale or args.skip_service else
                             measure_scale(config, args.scale_database_url, args.redis_url, root / "scale"))
+        for name in ("small-jobs", "cold-start"):
+            results[name.replace("-", "_")] = (
+                {"skipped": "--skip-service"} if args.skip_service else
+                measure_part9(name, config, args.database_url, args.redis_url, root))
 
     verdicts = report.criteria(results)
     results["criteria"] = [c.to_dict() for c in verdicts]
@@ -699,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     scale_lines = report.scale_table(results)
     if scale_lines:
         lines += [*scale_lines, ""]
+    small_lines = report.small_jobs_table(results)
+    if small_lines:
+        lines += [*small_lines, ""]
     lines += report.criteria_lines(verdicts)
     passed = sum(c.passed is True for c in verdicts)
     failed = sum(c.passed is False for c in verdicts)

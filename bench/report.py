@@ -26,6 +26,10 @@ SCALE_P99_FACTOR = 1.5     # each endpoint's p99 at the largest size within 1.5 
 STREAMS_SLACK_PER_S = 1.0  # transactions/s with the streams open <= with none (+1/s: counts reach
                            # pg_stat_database within a second of a backend going idle)
 EVENT_DELAY_P99_MS = 100.0  # an epoch stored -> its `metrics` event at the client, p99
+# Issue 23's small-jobs and cold-start rows (bench/small_jobs.py, bench/cold_start.py).
+SMALL_JOBS_PER_S = 10.0    # one-epoch digits MLP jobs a second, one cpu worker, over 100 jobs
+ONLINE_S = 3.0             # a fresh worker's heartbeat visible within 3 s of its start
+FIRST_EPOCH_SLACK_S = 2.0  # the first job on a fresh worker: its first epoch within 2 s + its train time
 
 # The seed each trainer loop is held against.
 SEED_OF = {"jax_trainer": "jax_seed", "torch_trainer": "torch_seed", "torch_compile": "torch_seed",
@@ -207,6 +211,7 @@ def criteria(results: dict) -> list[Criterion]:
     else:
         out.append(Criterion(f"GET /jobs/{{id}} p99 at {GET_RATE:g}/s offered", f"<= {GET_P99_MS:g} ms",
                              "not measured", None, note=(get or {}).get("error") or api.get("skipped", "")))
+    out.extend(small_jobs_criteria(results))
     return out
 
 
@@ -432,4 +437,80 @@ def criteria_lines(items: list[Criterion]) -> list[str]:
         lines.append(f"[{verdict}] {c.name}: {c.measured} (target {c.target})")
         if c.note:
             lines.append(f"       {c.note}")
+    return lines
+
+
+def small_jobs_criteria(results: dict) -> list[Criterion]:
+    """Issue 23's targets from part 9: jobs a second per framework (small-jobs); for each kind of
+    first job on a fresh worker, the time to online, to the first epoch, and that the other
+    framework was not imported (cold-start)."""
+    from bench.small_jobs import FRAMEWORKS
+
+    out = []
+    small = results.get("small_jobs", {})
+    for framework in FRAMEWORKS:
+        label = f"small-jobs: one-epoch digits {framework} jobs a second, one cpu worker"
+        target = f">= {SMALL_JOBS_PER_S:g}/s"
+        row = small.get("frameworks", {}).get(framework)
+        if not row:
+            out.append(Criterion(label, target, "not measured", None, note=small.get("skipped", "")))
+            continue
+        m = row["means"]
+        out.append(Criterion(
+            label, target,
+            f"{row['jobs_per_s']:.1f}/s ({row['jobs']} jobs in {row['span_s']:.2f} s; {row['per_job_s'] * 1e3:.0f} ms "
+            f"a job, of which train {m['train_s'] * 1e3:.0f} ms, overhead {row['overhead_s'] * 1e3:.0f} ms)",
+            row["jobs_per_s"] >= SMALL_JOBS_PER_S,
+            note="per job, ms: " + ", ".join(f"{k.removesuffix('_s')} {v * 1e3:.1f}" for k, v in m.items())
+                 + f", other {row['other_s'] * 1e3:.1f} (HTTP, broker, Celery, spec read, end writes)"))
+    cold = results.get("cold_start", {})
+    from bench.cold_start import KINDS, WARM_KINDS
+
+    for kind, _, _ in (*KINDS, *WARM_KINDS):
+        row = cold.get("kinds", {}).get(kind)
+        names = (f"cold-start: a fresh worker online (heartbeat in GET /workers), then a {kind} job",
+                 f"cold-start: the first {kind} job on a fresh worker, submit to its first epoch",
+                 f"cold-start: the {kind} job's worker loaded only its own framework")
+        targets = (f"<= {ONLINE_S:g} s", f"<= {FIRST_EPOCH_SLACK_S:g} s + its train time", "the other one not loaded")
+        if not row:
+            out.extend(Criterion(n, t, "not measured", None, note=cold.get("skipped", "")) for n, t in zip(names, targets))
+            continue
+        t = row["timings"]
+        out.append(Criterion(names[0], targets[0], f"{row['online_s']:.2f} s", row["online_s"] <= ONLINE_S))
+        out.append(Criterion(
+            names[1], targets[1],
+            f"{row['first_epoch_s']:.2f} s vs {FIRST_EPOCH_SLACK_S:g} + {row['epoch_time_s']:.3f} s "
+            f"(beyond the train time {row['beyond_train_s']:.2f} s)",
+            row["beyond_train_s"] <= FIRST_EPOCH_SLACK_S,
+            note=f"the job's timings: queue_wait {_fmt(t.get('queue_wait_s'))}, import {_fmt(t.get('import_s'))}, "
+                 f"data {_fmt(t.get('data_s'))}, setup {_fmt(t.get('setup_s'))}, compile {_fmt(t.get('compile_s'))}, "
+                 f"first epoch's eval {_fmt(row['eval_time_s'])} s"))
+        out.append(Criterion(names[2], targets[2],
+                             "the other framework's library was mapped" if row["other_framework_loaded"] else
+                             "only its own", not row["other_framework_loaded"]))
+    return out
+
+
+def small_jobs_table(results: dict) -> list[str]:
+    """Part 9: the small-jobs rate and per-job breakdown (ms), then each fresh worker's figures."""
+    lines = []
+    small = results.get("small_jobs", {}).get("frameworks", {})
+    if small:
+        from bench.small_jobs import PARTS
+
+        header = f"{'small jobs (ms a job)':<22} {'jobs/s':>7} {'per job':>8}" + "".join(
+            f"{p.removesuffix('_s'):>11}" for p in PARTS) + f"{'other':>9}"
+        lines += [header, "-" * len(header)]
+        for framework, row in small.items():
+            lines.append(f"{framework:<22} {row['jobs_per_s']:>7.1f} {row['per_job_s'] * 1e3:>8.1f}"
+                         + "".join(f"{row['means'][p] * 1e3:>11.1f}" for p in PARTS) + f"{row['other_s'] * 1e3:>9.1f}")
+    cold = results.get("cold_start", {}).get("kinds", {})
+    if cold:
+        if lines:
+            lines.append("")
+        header = f"{'cold start, first job':<22} {'online s':>9} {'1st epoch s':>12} {'train s':>8} {'beyond s':>9}"
+        lines += [header, "-" * len(header)]
+        for kind, row in cold.items():
+            lines.append(f"{kind:<22} {row['online_s']:>9.2f} {row['first_epoch_s']:>12.2f} "
+                         f"{row['epoch_time_s']:>8.3f} {row['beyond_train_s']:>9.2f}")
     return lines

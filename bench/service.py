@@ -121,6 +121,7 @@ class Service:
     key: str = ""
     api_workers: int = 1  # uvicorn processes serving the API
     with_worker: bool = True  # False: the API alone (bench/scale.py: nothing trains, no reconciler)
+    extra_env: dict[str, str] = field(default_factory=dict)  # set for both processes, over the rest
 
     def start(self, timeout_s: float = 120.0) -> None:
         self.clear_leftovers()
@@ -140,6 +141,7 @@ class Service:
             # test of the API after a second; it measures the API, so the operator raises them.
             **QUOTAS,
             "TRAINHUB_ALLOW_USER_CODE": "1",  # the user-code row (bench/user_code.py)
+            **self.extra_env,
         }
         logs = self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -158,12 +159,16 @@ class RunOptions:
     fetched (and its sha256 checked) by the caller.
     user_model: a spec with user code (model.code): its loaded entrypoint (trainers.user_code),
     given only inside the job's child process.
+    keep_programs: JAX: keep the run's compiled programs in the process for the next run of the
+    same shape (jax_trainer.program_key), as a worker does; off, every run compiles its own (or
+    loads it from the persistent cache), and its timings count that.
     """
 
     data_dir: Path | None = None
     compile_cache_dir: Path | None = None
     dataset_file: Path | None = None
     user_model: UserModel | None = None
+    keep_programs: bool = False
 
 
 Report = Callable[[int, EpochMetrics], None]
@@ -191,13 +196,19 @@ def fit(
     say where the data and the compilation cache are.
 
     The framework module is imported here, on first use, so a process that never trains
-    with a framework never imports it.
+    with a framework never imports it; the result's timings say how long that took (`import_s`,
+    0 once the module was imported by an earlier run of the process).
 
     Raises HardwareMismatch when the framework does not see `spec.hardware`, DataNotFound
     when the dataset cannot be found, StopTraining when a hook stops the run, and whatever
     the framework raises otherwise.
     """
+    start = time.perf_counter()
     module = importlib.import_module(_TRAINERS[spec.framework])
+    import_s = time.perf_counter() - start
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    return module.fit(spec, workdir, report, should_stop, options or RunOptions())
+    result = module.fit(spec, workdir, report, should_stop, options or RunOptions())
+    if result.timings:  # (a data parallel rank other than 0 returns none)
+        result.timings["import_s"] = import_s
+    return result

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import gzip
+import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,6 +31,8 @@ import numpy as np
 
 from trainers import dataset_file as stored
 from trainers.spec import BUILT_IN, DatasetSpec, held_out
+
+log = logging.getLogger(__name__)
 
 
 class DataNotFound(Exception):
@@ -114,7 +118,7 @@ def _full_dataset(spec: DatasetSpec, data_dir: Path | None, dataset_file: Path |
         # Generated at exactly the requested size; the first N examples do not depend on it.
         return _synthetic(spec.train_limit or SYNTHETIC_TRAIN, spec.test_limit or SYNTHETIC_TEST)
     if spec.name == "digits":
-        return _digits()
+        return _digits(str(download_dir(data_dir)))
     if spec.name is not None:
         return _mnist_format(spec.name, data_dir)
     if dataset_file is None or not dataset_file.is_file():
@@ -321,19 +325,46 @@ DIGITS_SPLIT_SEED = 0  # fixed, so the split is the same whatever the job's seed
 
 
 @functools.lru_cache(maxsize=1)
-def _digits() -> Dataset:
+def _digits(cache_dir: str) -> Dataset:
+    """scikit-learn's digits, split as DIGITS_SPLIT_SEED says; the split is kept in `cache_dir`
+    (digits-<scikit-learn version>.npz) so a fresh worker's first digits job does not import
+    scikit-learn (~1-2 s). A cache that cannot be read or written is only skipped."""
+    from importlib.metadata import version
+
+    cache = Path(cache_dir) / f"digits-{version('scikit-learn')}-{DIGITS_SPLIT_SEED}-{DIGITS_TEST}.npz"
+    try:
+        with np.load(cache) as stored:
+            arrays = [stored[name] for name in ("x_train", "x_test", "y_train", "y_test")]
+    except (OSError, KeyError, ValueError):
+        arrays = _split_digits()
+        _keep(cache, dict(zip(("x_train", "x_test", "y_train", "y_test"), arrays, strict=True)))
+    x_train, x_test, y_train, y_test = arrays
+    for array in arrays:
+        array.setflags(write=False)
+    return Dataset(x_train, y_train, x_test, y_test, num_classes=10, input_shape=BUILT_IN["digits"].input_shape)
+
+
+def _split_digits() -> list[np.ndarray]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)  # pixel intensities are 0..16
     y = digits.target.astype(np.int32)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=DIGITS_TEST, random_state=DIGITS_SPLIT_SEED, stratify=y
-    )
-    for array in (x_train, x_test, y_train, y_test):
-        array.setflags(write=False)
-    return Dataset(x_train, y_train, x_test, y_test, num_classes=10, input_shape=BUILT_IN["digits"].input_shape)
+    return train_test_split(x, y, test_size=DIGITS_TEST, random_state=DIGITS_SPLIT_SEED, stratify=y)
+
+
+def _keep(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write `arrays` to `path` whole or not at all (a temporary file renamed: another worker may
+    be reading it); an unwritable folder only leaves it unwritten."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(partial, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub takes the names for its flags
+        os.replace(partial, path)
+    except OSError as exc:
+        log.info("digits not cached in %s: %s", path.parent, exc)
 
 
 SYNTHETIC_TRAIN = 10000

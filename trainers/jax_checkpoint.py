@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
-import orbax.checkpoint as ocp
 
 from trainers.base import EpochMetrics
 
 if TYPE_CHECKING:  # for annotations only: no import at run time
+    import orbax.checkpoint as ocp
     from flax.training.train_state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
@@ -38,6 +38,10 @@ class Progress:
 
 
 def _manager(workdir: Path) -> ocp.CheckpointManager:
+    # Orbax is imported at the first checkpoint (or restore of one): ~0.5 s a fresh worker's
+    # first job need not wait for when it writes none (one epoch) and resumes from none.
+    import orbax.checkpoint as ocp
+
     # Synchronous: the next chunk donates the state's buffers, so a save must be done first.
     options = ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False)
     return ocp.CheckpointManager((workdir / CHECKPOINT_DIR).resolve(), options=options)
@@ -58,6 +62,8 @@ def save(
         "first_step_loss": first_step_loss,
         "progress": asdict(progress) if progress else None,
     }
+    import orbax.checkpoint as ocp
+
     with _manager(workdir) as manager:
         manager.save(
             int(state.step),
@@ -69,6 +75,10 @@ def save(
 def restore(workdir: Path, state: TrainState) -> tuple[TrainState, list[EpochMetrics], float, Progress | None] | None:
     """(state, metrics, first_step_loss, progress: None after a whole epoch) of the latest complete
     checkpoint, shaped like `state`; None when there is none."""
+    if not (workdir / CHECKPOINT_DIR).is_dir():  # never checkpointed: no need to load Orbax
+        return None
+    import orbax.checkpoint as ocp
+
     with _manager(workdir) as manager:
         step = manager.latest_step()
         if step is None:

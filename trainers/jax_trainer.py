@@ -13,6 +13,9 @@ The run reads like the seeds' loop, made fast:
 - the state is donated, so XLA updates params and opt_state in place;
 - the host stays one call ahead of the device: it waits for the call before the one it just
   dispatched, so the device never idles between calls and a cancel is not queued behind many;
+- the programs of a run (its chunk and eval programs, with the model and optimizer they close
+  over) are kept in the process, keyed by everything that changes them (program_key), so a
+  worker's next job of the same shape compiles nothing, not even from the persistent cache;
 - a run handed back between two chunks (preempted, or its worker shutting down) checkpoints
   there, and the next run continues the epoch from that step: a step's batch and dropout key
   are functions of (seed, epoch, step), and the running totals are carried through the scan
@@ -21,8 +24,10 @@ The run reads like the seeds' loop, made fast:
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -105,9 +110,11 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
     # Every program built from here on counts: the loop below must build none of its own.
     programs_before = _programs_built
     compile_start = time.perf_counter()
-    run_chunk = _compile_chunk(
-        run.state, run.data.x_train, run.data.y_train, run.key, run.chunk_steps, spec.batch_size, run.step_options
-    )
+    if run.programs.run_chunk is None:  # not compiled by an earlier run of this worker
+        run.programs.run_chunk = _compile_chunk(
+            run.state, run.data.x_train, run.data.y_train, run.key, run.chunk_steps, spec.batch_size, run.step_options
+        )
+    run_chunk = run.programs.run_chunk
     compile_s = time.perf_counter() - compile_start
 
     state, metrics, first_step_loss, progress = resume(workdir, run.state, report)
@@ -134,7 +141,10 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
             task=run.task,
         )
         metrics.append(epoch_metrics)
-        checkpoints.save(metrics, first_step_loss, state)
+        # After the last epoch the weights are stored as artifacts: a run killed before that
+        # trains the last epoch again from the checkpoint before it, to the same result.
+        if epoch < spec.epochs:
+            checkpoints.save(metrics, first_step_loss, state)
         report(epoch, epoch_metrics)
 
     compilations = _programs_built - programs_before - checkpoints.programs
@@ -176,6 +186,63 @@ class Run:
     task: str = "classification"
     target_variance: float = 0.0  # of the test targets (regression's R^2)
     preprocessing: Preprocessing | None = None
+    programs: Programs = None  # type: ignore[assignment]  # set by prepare
+
+
+@dataclass
+class Programs:
+    """What a run compiles, kept for the runs after it with the same program_key: the model and
+    optimizer (the state's static fields: a compiled program accepts only a state whose treedef,
+    these included, is the one it was built for), the learning rate of each step, the state's
+    init, the eval program and the chunk program (None until fit compiles it)."""
+
+    model: LayerModel | UserModule
+    optimizer: optax.GradientTransformation
+    learning_rate: Callable[[int], float]
+    create_state: Callable
+    evaluate: Any = None
+    run_chunk: Compiled | None = None
+
+
+# The programs of the last few program keys (a worker runs one job at a time; a sweep or a
+# stream of small jobs mostly repeats one spec). Least recently used first.
+_programs: OrderedDict[str, Programs] = OrderedDict()
+PROGRAMS_KEPT = 8
+# Spec fields that never change a compiled program: the seed is the init's and the PRNG key's
+# value (an argument), the rest is bookkeeping. Any other field is in the key, which costs at
+# worst a compile that could have been skipped, never a wrong program.
+_NOT_IN_PROGRAM = {"seed", "name", "labels", "max_runtime_s", "priority"}
+
+
+def program_key(spec: JobSpec, data: DeviceData, steps: int, task: str, user_model: UserModel | None) -> str | None:
+    """What the compiled programs of a run depend on, as a string: the spec without
+    _NOT_IN_PROGRAM, the data's shapes, dtypes and placement, the steps per epoch (schedules count
+    them) and the task. None for user code: its module and loss are the user's Python objects."""
+    if user_model is not None or spec.model.user_code:
+        return None
+    arrays = [(a.shape, str(a.dtype), str(a.sharding)) for a in data]
+    return json.dumps(
+        [spec.model_dump(mode="json", exclude=_NOT_IN_PROGRAM), arrays, steps, task], sort_keys=True, default=str
+    )
+
+
+def programs_for(key: str | None, build: Callable[[], Programs]) -> Programs:
+    """The kept Programs of `key`, else `build()`'s (kept when key is not None)."""
+    if key is not None and key in _programs:
+        _programs.move_to_end(key)
+        return _programs[key]
+    programs = build()
+    if key is not None:
+        _programs[key] = programs
+        while len(_programs) > PROGRAMS_KEPT:
+            _programs.popitem(last=False)
+    return programs
+
+
+def forget_programs() -> None:
+    """Drop every kept Programs: the next run of any spec compiles (or loads from the persistent
+    cache) as a fresh worker's would."""
+    _programs.clear()
 
 
 def prepare(spec: JobSpec, options: RunOptions) -> Run:
@@ -193,13 +260,22 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
         )
     )
     steps = len(dataset.x_train) // spec.batch_size
-    model = build_model(spec, dataset.outputs, dataset.input_shape, options.user_model)
-    state, learning_rate = create_train_state(spec, model, dataset.input_shape, dataset.outputs, steps, replicated)
-    evaluate_program = (
-        jax.jit(partial(eval_metrics, model, task=dataset.task))
-        .lower(_eval_variables(state), data.x_test, data.y_test)
-        .compile()
-    )
+
+    def build_programs() -> Programs:
+        model = build_model(spec, dataset.outputs, dataset.input_shape, options.user_model)
+        optimizer, learning_rate = make_optimizer(spec, steps)
+        return Programs(model, optimizer, learning_rate, state_init(model, optimizer, replicated))
+
+    key = program_key(spec, data, steps, dataset.task, options.user_model) if options.keep_programs else None
+    programs = programs_for(key, build_programs)
+    variables = initial_variables(spec, programs.model, dataset.input_shape, dataset.outputs)
+    state = programs.create_state(variables)
+    if programs.evaluate is None:
+        programs.evaluate = (
+            jax.jit(partial(eval_metrics, programs.model, task=dataset.task))
+            .lower(_eval_variables(state), data.x_test, data.y_test)
+            .compile()
+        )
     step_options = StepOptions(
         batch_sharding=NamedSharding(mesh, PartitionSpec("data")) if spec.devices > 1 else None,
         privacy_clip_norm=spec.privacy.clip_norm if spec.privacy else None,
@@ -212,9 +288,9 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
         data=data,
         state=state,
         key=jax.random.PRNGKey(spec.seed),
-        learning_rate=learning_rate,
+        learning_rate=programs.learning_rate,
         step_options=step_options,
-        evaluate=evaluate_program,
+        evaluate=programs.evaluate,
         seed=spec.seed,
         batch_size=spec.batch_size,
         steps=steps,
@@ -222,6 +298,7 @@ def prepare(spec: JobSpec, options: RunOptions) -> Run:
         task=dataset.task,
         target_variance=target_variance(dataset.y_test),
         preprocessing=Preprocessing.of(dataset),
+        programs=programs,
     )
 
 
@@ -236,26 +313,21 @@ def build_model(
     return build(spec.model, outputs, dtype, input_shape or None)
 
 
-def create_train_state(
-    spec: JobSpec,
-    model: LayerModel | UserModule,
-    input_shape: int | tuple[int, ...],
-    outputs: int,
-    steps_per_epoch: int,
-    sharding: NamedSharding,
-) -> tuple[TrainState, Callable[[int], float]]:
-    """The initial TrainState of `model` (BatchNormTrainState with batch norm), placed with
-    `sharding`, and the learning rate of each step. Initial weights come from numpy
-    (common.init_weights), so a PyTorch job with this spec starts from the same ones."""
-    variables = initial_variables(spec, model, input_shape, outputs)
-    optimizer, learning_rate = make_optimizer(spec, steps_per_epoch)
-    if "batch_stats" in variables:
-        create = partial(
-            BatchNormTrainState.create, apply_fn=model.apply, tx=optimizer, batch_stats=variables["batch_stats"]
-        )
-    else:
-        create = partial(TrainState.create, apply_fn=model.apply, tx=optimizer)
-    return jax.jit(create, out_shardings=sharding)(params=variables["params"]), learning_rate
+def state_init(
+    model: LayerModel | UserModule, optimizer: optax.GradientTransformation, sharding: NamedSharding
+) -> Callable[[dict], TrainState]:
+    """variables -> the initial TrainState of `model` (BatchNormTrainState with batch norm), placed
+    with `sharding`; jitted once, so the runs that share it trace it once."""
+
+    def create(params: Any, batch_stats: Any) -> TrainState:
+        if batch_stats is not None:
+            return BatchNormTrainState.create(
+                apply_fn=model.apply, tx=optimizer, params=params, batch_stats=batch_stats
+            )
+        return TrainState.create(apply_fn=model.apply, tx=optimizer, params=params)
+
+    jitted = jax.jit(create, out_shardings=sharding)
+    return lambda variables: jitted(variables["params"], variables.get("batch_stats"))
 
 
 def initial_variables(

@@ -11,7 +11,6 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy.special import erf
 
 from trainers.layers import Op, Plan
 
@@ -124,8 +123,16 @@ def _residual(op: Op, weights: Weights, h: np.ndarray, input_shape: tuple[int, .
 
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": lambda h: np.maximum(h, 0.0),
-    "gelu": lambda h: 0.5 * h * (1.0 + erf(h / np.sqrt(2.0))),
+    "gelu": lambda h: 0.5 * h * (1.0 + _erf(h / np.sqrt(2.0))),
     "tanh": np.tanh,
     "sigmoid": lambda h: 1.0 / (1.0 + np.exp(-h)),
     "silu": lambda h: h / (1.0 + np.exp(-h)),
 }
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """scipy's erf, imported at the first gelu: scipy.special costs a fresh worker ~0.3 s to
+    import, and most jobs never need it."""
+    from scipy.special import erf
+
+    return erf(x)

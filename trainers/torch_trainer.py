@@ -51,7 +51,7 @@ from trainers.common import (
 )
 from trainers.data import load_dataset
 from trainers.presets import layers_of
-from trainers.spec import JobSpec, OptimizerSpec
+from trainers.spec import JobSpec, OptimizerSpec, flops_per_example
 from trainers.torch_models import (
     evaluate,
     from_weights,
@@ -90,9 +90,29 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
         return torch_ddp.fit(spec, workdir, report, should_stop, options)
     start = time.perf_counter()
     device = _device_for(spec.hardware)
-    # Use every core this process may run on (torch's default may count the host's cores).
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads_for(spec))
     return train(spec, workdir, report, should_stop, OneDevice(device), start, options)
+
+
+# Below this many FLOPs a step, a step runs on one thread: splitting a matmul of a few MFLOP over
+# cores costs more in waking and joining OpenMP threads than it saves (the digits MLP's step, ~39
+# MFLOP, ran ~10x slower on 2 threads than on 1 on a 2-core machine shared with other work).
+TINY_STEP_FLOPS = 50e6
+
+
+def threads_for(spec: JobSpec) -> int:
+    """Threads for the run's intra-op work: 1 for a tiny step (TINY_STEP_FLOPS, from the model's
+    FLOPs an example x 3 for forward and backward x the batch), else every core this process may
+    run on (torch's default may count the host's cores). User code and shapes the spec cannot
+    size (an uploaded dataset) count as large."""
+    cores = len(os.sched_getaffinity(0))
+    if spec.hardware != "cpu" or spec.model.user_code:
+        return cores
+    try:
+        step_flops = 3 * flops_per_example(spec) * spec.batch_size
+    except Exception:  # the plan needs the dataset's shape; an uploaded one is not known here
+        return cores
+    return 1 if step_flops < TINY_STEP_FLOPS else cores
 
 
 class OneDevice:
@@ -181,12 +201,14 @@ def train(
             task=run.task,
         )
         metrics.append(epoch_metrics)
-        checkpoint_start = time.perf_counter()
-        if world.rank == 0:
+        # After the last epoch the weights are stored as artifacts: a run killed before that
+        # trains the last epoch again from the checkpoint before it, to the same result.
+        if world.rank == 0 and epoch < spec.epochs:
+            checkpoint_start = time.perf_counter()
             torch_checkpoint.save(
                 workdir, epoch, run.model, run.optimizer, metrics, first_step_loss.item(), run.scheduler
             )
-        checkpoint_s += time.perf_counter() - checkpoint_start
+            checkpoint_s += time.perf_counter() - checkpoint_start
         report(epoch, epoch_metrics)
 
     if world.rank != 0:

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in problems:
             print(f"trainhub worker: {line}", file=sys.stderr)
         return 2
-    from app.db import migrate
+    from app.db import migrate, schema_current
     from app.storage import StoreUnavailable, get_store
     from workers.celery_app import celery
 
@@ -94,12 +94,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainhub worker: cannot store artifacts ({settings.artifact_store}): {exc}", file=sys.stderr)
         return 2
     from workers.identity import Heartbeat, register
-    from workers.reconciler import reconcile
 
-    migrate()
+    if not schema_current():  # most starts find it migrated: no Alembic, no migration lock
+        migrate()
+    # The task's code, before the first heartbeat: online then means a job is taken within about
+    # a tenth of a second, not after the ~0.7 s Celery would spend importing it (and no framework
+    # is imported by it: each job imports its own).
+    from celery.apps import worker as _celery_worker  # noqa: F401
+
+    import workers.tasks  # noqa: F401
+
     identity, heartbeat = register(caps), None
     try:
-        heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile)
+        # Online first; the reconciler (and its imports) is first needed a heartbeat later.
+        heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile_later)
         print(
             f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}", flush=True
         )
@@ -111,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
             if removed := cgroup.remove_orphans():  # what a worker killed outright left on this host
                 print(f"trainhub worker: removed {removed} job cgroup(s) a stopped worker left", flush=True)
+        from workers import warm_up
+
+        served = {queue.split(".")[1] for queue in caps.queues}
+        warm_up.start([f for f in settings.warm_up.split(",") if f in served])
         if stop_when_ready:  # stopped while starting
             return 0
         celery.worker_main(
@@ -129,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         if heartbeat is not None:
             heartbeat.stop()
     return 0
+
+
+def reconcile_later() -> None:
+    """The heartbeat's tick: workers/reconciler.py, imported at its first call."""
+    from workers.reconciler import reconcile
+
+    reconcile()
 
 
 def stop_once_celery_is_ready() -> list[int]:

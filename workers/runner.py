@@ -16,23 +16,28 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError, StatementError
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import StatementError
+from sqlalchemy.orm import Session
 
 import trainers
 from app import failures, jobs, lifecycle, queue, scheduling, storage
 from app.config import get_settings
-from app.db import is_transient, retrying, session_scope
+from app.db import get_engine, is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
-from app.sweeps import service as sweeps
 from trainers.spec import PRIORITIES, JobSpec
-from workers import comparisons, dataset_cache, user_code
+from workers import dataset_cache, user_code
+
+if TYPE_CHECKING:  # imported where first used: a fresh worker's first job waits for neither
+    from app.sweeps import service as sweeps  # (fastapi, through the sweep spec's validation)
 
 log = logging.getLogger(__name__)
 
@@ -59,20 +64,16 @@ def run(
     through a database outage of up to Settings.db_retry_s; if the database stays away longer,
     the job is handed back to the queue, and if even that cannot be written, the reconciler
     requeues it once this worker reports another job."""
-    if serves is not None and not retrying(lambda: serves_job(job_id, serves)):
-        return "misrouted"
-    if shutting_down.is_set():
-        # A worker on its way out claims nothing (it would release the job at once): the turn
-        # goes back to its queue for another worker.
-        retrying(lambda: resend_turn(job_id))
-        return "skipped"
-    claimed = retrying(lambda: claim(job_id, worker, on_pick))
-    if claimed is None:
+    start = time.perf_counter()
+    taken = retrying(lambda: take_turn(job_id, worker, serves, on_pick))
+    if isinstance(taken, str):  # "misrouted", or "skipped" by a worker shutting down
+        return taken
+    if taken is None:
         log.info("no job waits in the queue of job %s (a duplicate or stale message); skipping", job_id)
         return "skipped"
-    job_id, claimed_at, attempt = claimed
+    job_id, attempt = taken.job_id, taken.attempt
     try:
-        return train(job_id, attempt, claimed_at, worker, serves or [])
+        return train(taken, worker, serves or [], claim_s=time.perf_counter() - start)
     except trainers.StopTraining as stop:
         if stop.reason == JobStatus.CANCELLED:
             return finish(job_id, attempt, JobStatus.CANCELLED)
@@ -139,11 +140,14 @@ def fail(job_id: str, attempt: int, failure: failures.Failure) -> str:
     return finish(job_id, attempt, JobStatus.FAILED, error=error)
 
 
-def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict, serves: list[str]) -> str:
-    """Fit the claimed job, store its artifacts and end it succeeded."""
-    spec, created_at = retrying(lambda: read_spec(job_id))
+def train(claimed: Claimed, worker: dict, serves: list[str], claim_s: float = 0.0) -> str:
+    """Fit the claimed job, store its artifacts and end it succeeded. `claim_s`: the seconds its
+    claim took (a timing of the job)."""
+    job_id, attempt, claimed_at = claimed.job_id, claimed.attempt, claimed.claimed_at
+    spec = validated_spec(claimed.spec)
     workdir = get_settings().resolved_artifact_dir() / job_id
-    hooks = JobHooks(job_id, attempt, spec.max_runtime_s, retrying(lambda: trial_hook(job_id)))
+    trial = retrying(lambda: _sweeps().TrialHook.of(claimed.job)) if claimed.job.sweep_id is not None else None
+    hooks = JobHooks(job_id, attempt, spec.max_runtime_s, trial)
     if get_settings().preemption and serves:
         hooks.preemptible(
             scheduling.Running(job_id, PRIORITIES.index(spec.priority), claimed_at), spec.hardware, serves
@@ -157,11 +161,15 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict, serves:
             raise
     else:
         result = trainers.fit(spec, workdir, hooks.report, hooks.should_stop, run_options(dataset_file))
+    artifacts_start = time.perf_counter()
     retrying(lambda: store_artifacts(job_id, workdir, result.artifacts))
     timings = {
-        "queue_wait_s": _seconds(created_at, claimed_at),
+        "queue_wait_s": _seconds(claimed.created_at, claimed_at),
+        "claim_s": claim_s,
         **data_timings,
         **result.timings,
+        "report_s": hooks.report_s,
+        "artifacts_s": time.perf_counter() - artifacts_start,
         "total_s": _seconds(claimed_at, utcnow()),
     }
     worker = {
@@ -169,7 +177,17 @@ def train(job_id: str, attempt: int, claimed_at: datetime, worker: dict, serves:
         "backend": result.device.get("backend"),
         "devices": result.device.get("devices", worker.get("devices")),
     }
-    status = finish(job_id, attempt, JobStatus.SUCCEEDED, timings=timings, result=result.result, worker=worker)
+    status = finish(
+        job_id,
+        attempt,
+        JobStatus.SUCCEEDED,
+        trial=claimed.job.sweep_id is not None,
+        timings=timings,
+        result=result.result,
+        worker=worker,
+    )
+    from workers import comparisons  # (the parity check's reference; after the job)
+
     retrying(lambda: comparisons.settle(job_id))
     return status
 
@@ -182,32 +200,22 @@ def run_options(dataset_file: Path | None = None) -> trainers.RunOptions:
         data_dir=settings.data_dir,
         compile_cache_dir=settings.resolved_compile_cache_dir(),
         dataset_file=dataset_file,
+        keep_programs=True,  # the next job of the same shape reuses this one's compiled programs
     )
 
 
-def read_spec(job_id: str) -> tuple[JobSpec, datetime]:
-    """The claimed job's spec and creation time. Raises SpecNotRunnable (invalid_spec) when the
-    stored spec does not validate here, e.g. on a worker of another version than the API."""
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        assert job is not None  # this worker claimed it, and jobs are never deleted
-        try:
-            return JobSpec.model_validate(job.spec), job.created_at
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            field = ".".join(str(part) for part in first["loc"]) or "spec"
-            raise failures.SpecNotRunnable(
-                f"the stored spec does not validate on this worker: {field}: {first['msg']}; fix it and "
-                f"submit the job again ({exc.error_count()} error(s))"
-            ) from None
-
-
-def trial_hook(job_id: str) -> sweeps.TrialHook | None:
-    """What the job asks its sweep after each epoch, when it is a sweep's trial."""
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        assert job is not None  # this worker claimed it
-        return sweeps.TrialHook.of(job)
+def validated_spec(spec: dict) -> JobSpec:
+    """The claimed job's stored spec, validated. Raises SpecNotRunnable (invalid_spec) when it
+    does not validate here, e.g. on a worker of another version than the API."""
+    try:
+        return JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"]) or "spec"
+        raise failures.SpecNotRunnable(
+            f"the stored spec does not validate on this worker: {field}: {first['msg']}; fix it and "
+            f"submit the job again ({exc.error_count()} error(s))"
+        ) from None
 
 
 class Pruned(trainers.StopTraining):
@@ -218,32 +226,67 @@ class Pruned(trainers.StopTraining):
         self.epoch = epoch
 
 
-def resend_turn(job_id: str) -> None:
-    """Send the message of job `job_id` (a turn in its queue) to its queue again."""
+@dataclass
+class Claimed:
+    """A job this worker claimed: its id, the claim's time and attempt number, and its row as the
+    claim read it (spec, created_at, sweep_id and trial_number never change once stored)."""
+
+    job_id: str
+    claimed_at: datetime
+    attempt: int
+    job: Job
+
+    @property
+    def spec(self) -> dict:
+        return self.job.spec
+
+    @property
+    def created_at(self) -> datetime:
+        return self.job.created_at
+
+
+def take_turn(
+    turn_of: str, worker: dict, serves: list[str] | None, on_pick: Callable[[str], None] | None = None
+) -> Claimed | str | None:
+    """The turn of job `turn_of`'s message, in one session: "misrouted" when this worker does not
+    serve its queue (misrouted()), "skipped" when the worker is shutting down (a worker on its way
+    out claims nothing: it would release the job at once, so the turn goes back to its queue for
+    another worker), None when no job waits, else the job claimed (claim()). The job's row is the
+    one the turn read when the claimed job is that one (most often), else read once more."""
     with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is not None:
-            queue.enqueue(job.id, job.queue)
+        turn = session.get(Job, turn_of)
+        if turn is None:
+            return None
+        if serves is not None and misrouted(session, turn, serves):
+            return "misrouted"
+        if shutting_down.is_set():
+            queue.enqueue(turn.id, turn.queue)
+            return "skipped"
+        claimed = _claim_next(session, turn, worker, on_pick)
+        if claimed is None:
+            return None
+        job_id, claimed_at, attempt = claimed
+        job = turn if job_id == turn.id else session.get(Job, job_id)
+        assert job is not None  # claimed just now, and jobs are never deleted
+        return Claimed(job_id, claimed_at, attempt, job)
 
 
-def serves_job(job_id: str, serves: list[str]) -> bool:
-    """Whether this worker may run the job. A message that reached a worker which cannot serve
+def misrouted(session: Session, job: Job, serves: list[str]) -> bool:
+    """Whether this worker may not run the job. A message that reached a worker which cannot serve
     the job's `<hardware>.<framework>` (sent to the wrong queue by hand or by an older API) is
     never claimed: a gpu job must not quietly train on a cpu worker. The job stays queued and its
     id goes back to its own queue."""
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is None or job.queue in serves:
-            return True  # an unknown id: claim() skips it
-        log.warning(
-            "job %s needs %s, which this worker (%s) does not serve; sending it back to its queue",
-            job_id,
-            job.queue,
-            ", ".join(serves),
-        )
-        if job.status == JobStatus.QUEUED:
-            jobs.enqueue(session, job)
-    return False
+    if job.queue in serves:
+        return False
+    log.warning(
+        "job %s needs %s, which this worker (%s) does not serve; sending it back to its queue",
+        job.id,
+        job.queue,
+        ", ".join(serves),
+    )
+    if job.status == JobStatus.QUEUED:
+        jobs.enqueue(session, job)
+    return True
 
 
 def claim(turn_of: str, worker: dict, on_pick: Callable[[str], None] | None = None) -> tuple[str, datetime, int] | None:
@@ -255,13 +298,19 @@ def claim(turn_of: str, worker: dict, on_pick: Callable[[str], None] | None = No
         turn = session.get(Job, turn_of)
         if turn is None:
             return None
-        its_queue = (turn.hardware, turn.framework, turn.devices)
-        while (job_id := scheduling.next_job(session, *its_queue)) is not None:
-            if on_pick is not None:
-                on_pick(job_id)
-            now = utcnow()
-            if (attempt := lifecycle.claim(session, job_id, worker, now)) is not None:
-                return job_id, now, attempt
+        return _claim_next(session, turn, worker, on_pick)
+
+
+def _claim_next(
+    session: Session, turn: Job, worker: dict, on_pick: Callable[[str], None] | None
+) -> tuple[str, datetime, int] | None:
+    its_queue = (turn.hardware, turn.framework, turn.devices)
+    while (job_id := scheduling.next_job(session, *its_queue)) is not None:
+        if on_pick is not None:
+            on_pick(job_id)
+        now = utcnow()
+        if (attempt := lifecycle.claim(session, job_id, worker, now)) is not None:
+            return job_id, now, attempt
     return None
 
 
@@ -277,7 +326,9 @@ class JobHooks:
         self.trial = trial
         self.deadline = time.monotonic() + max_runtime_s if max_runtime_s else None
         self.max_runtime_s = max_runtime_s
-        self.last_poll = 0.0
+        # The claim has just seen the row: the first look at its flags is due CANCEL_POLL_S on.
+        self.last_poll = time.monotonic()
+        self.report_s = 0.0  # seconds spent storing epochs and looking at the flags after them
         self.preemption: tuple[scheduling.Running, str, list[str]] | None = None
         self.last_preempt_check = time.monotonic()
 
@@ -287,25 +338,35 @@ class JobHooks:
 
     def report(self, epoch: int, metrics: trainers.EpochMetrics) -> None:
         """Store the epoch's metrics (once, even if reported again) and the job's progress; retried
-        through a database outage (training waits for it)."""
-        retrying(lambda: self._record(epoch, metrics))
-        self.should_stop(force=True)
+        through a database outage (training waits for it). The progress' UPDATE returns the flags
+        should_stop looks at, so a cancel is seen here without another read."""
+        start = time.perf_counter()
+        try:
+            flags = retrying(lambda: self._record(epoch, metrics))
+            self.should_stop(force=True, flags=flags if flags is not None else _LOST)
+        finally:
+            self.report_s += time.perf_counter() - start
         if self.trial is not None:
             trial = self.trial
             reason = retrying(lambda: trial.after_epoch(epoch, metrics.to_dict()))
             if reason is not None:
                 raise Pruned(epoch, reason)
 
-    def _record(self, epoch: int, metrics: trainers.EpochMetrics) -> None:
+    def _record(self, epoch: int, metrics: trainers.EpochMetrics) -> Any:
+        """Two statements: the metrics row (skipped when the epoch is stored already: a replay
+        after a checkpoint) and the progress, with the row's flags after it (None: lost)."""
+        dialect = postgresql if get_engine().dialect.name == "postgresql" else sqlite
         with session_scope() as session:
-            try:
-                with session.begin_nested():
-                    session.add(EpochMetric(job_id=self.job_id, **metrics.to_dict()))
-            except IntegrityError:
+            added = session.execute(
+                dialect.insert(EpochMetric)
+                .values(job_id=self.job_id, **metrics.to_dict())
+                .on_conflict_do_nothing(index_elements=["job_id", "epoch"])
+            )
+            if not added.rowcount:  # type: ignore[attr-defined]  # DML gives a CursorResult
                 log.info("job %s epoch %d was already recorded", self.job_id, epoch)
-            lifecycle.record_epoch(session, self.job_id, self.attempt, epoch)
+            return lifecycle.record_epoch_flags(session, self.job_id, self.attempt, epoch)
 
-    def should_stop(self, force: bool = False) -> None:
+    def should_stop(self, force: bool = False, flags: Any = None) -> None:
         """Raise StopTraining when the job was cancelled, ran past max_runtime_s, was handed
         to another worker, or this worker is shutting down."""
         if shutting_down.is_set():
@@ -316,8 +377,10 @@ class JobHooks:
         if not force and now - self.last_poll < CANCEL_POLL_S:
             return
         self.last_poll = now
+        row = flags
         try:
-            row = self._read_flags()
+            if row is None:
+                row = self._read_flags()
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -325,6 +388,8 @@ class JobHooks:
             # epoch's record is what waits for the database).
             log.warning("job %s: cannot read its cancel flag (%s); training goes on", self.job_id, type(exc).__name__)
             return
+        if row is _LOST:
+            raise trainers.StopTraining("superseded", "the job was handed to another worker")
         if row.cancel_requested:
             raise trainers.StopTraining(JobStatus.CANCELLED, "cancelled by the user")
         if row.status != JobStatus.RUNNING or row.attempts != self.attempt:
@@ -400,9 +465,11 @@ def release(job_id: str, attempt: int, preempted: bool = False) -> str:
     return status or JobStatus.QUEUED
 
 
-def finish(job_id: str, attempt: int, status: JobStatus, **values: object) -> str:
+def finish(job_id: str, attempt: int, status: JobStatus, trial: bool = True, **values: object) -> str:
     """End this attempt of the job with `status`, unless the job has moved on without it. A value
-    that cannot be stored (not strict JSON) fails the job as internal rather than leaving it running."""
+    that cannot be stored (not strict JSON) fails the job as internal rather than leaving it running.
+    `trial`: whether the job may be a sweep's trial, whose sweep then takes its turn (False: it is
+    known not to be, and the sweep's look-up is saved)."""
 
     def attempt_finish() -> bool:
         with session_scope() as session:
@@ -417,11 +484,23 @@ def finish(job_id: str, attempt: int, status: JobStatus, **values: object) -> st
         status = JobStatus.FAILED
         retrying(attempt_finish)
     log.info("job %s %s", job_id, status)
+    if not trial:
+        return status
     try:
-        retrying(lambda: sweeps.settle(job_id))
+        retrying(lambda: _sweeps().settle(job_id))
     except Exception:  # the reconciler takes the sweep's turn later
         log.exception("job %s: its sweep's turn failed; the reconciler takes it later", job_id)
     return status
+
+
+def _sweeps():  # type: ignore[no-untyped-def]  # the module, typed as app.sweeps.service
+    from app.sweeps import service
+
+    return service
+
+
+# should_stop's flags when the progress' UPDATE found the row owned by another attempt.
+_LOST = object()
 
 
 def _seconds(start: datetime, end: datetime) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery.signals import worker_shutting_down
 
 from app.queue import RUN_JOB_TASK
-from workers import runner
+from workers import runner, warm_up
 from workers.celery_app import celery
 from workers.identity import current_worker
 
@@ -23,6 +23,7 @@ def run_job(job_id: str) -> str:
         return runner.run(job_id, worker.job_info(), serves=worker.caps.queues, on_pick=picked)
     finally:
         worker.current_job_id = None
+        warm_up.freeze_imports()
 
 
 @worker_shutting_down.connect

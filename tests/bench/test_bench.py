@@ -376,3 +376,22 @@ def test_verdicts_pass_fail_and_not_measured():
     lines = report.criteria_lines(report.criteria(results))
     assert any(line.startswith("[SKIP] service overhead") for line in lines)
     assert any("no database" in line for line in lines)
+
+
+@pytest.mark.e2e
+def test_quick_run_judges_the_small_jobs_and_cold_start_rows(quick):
+    # Issue 23's rows (bench/small_jobs.py, bench/cold_start.py): measured and judged, PASS or FAIL.
+    from bench.cold_start import KINDS, WARM_KINDS
+    from bench.small_jobs import FRAMEWORKS, PARTS
+
+    _, results = quick
+    judged = [c for c in results["criteria"] if c["name"].startswith(("small-jobs: ", "cold-start: "))]
+
+    assert len(judged) == len(FRAMEWORKS) + 3 * (len(KINDS) + len(WARM_KINDS))
+    assert all(c["passed"] in (True, False) for c in judged), [c for c in judged if c["passed"] is None]
+    for framework in FRAMEWORKS:
+        row = results["small_jobs"]["frameworks"][framework]
+        assert row["jobs"] == Config.quick().small_jobs and row["jobs_per_s"] > 0
+        assert set(row["means"]) == set(PARTS)
+    for label, framework, _ in (*KINDS, *WARM_KINDS):
+        assert results["cold_start"]["kinds"][label]["online_s"] > 0

@@ -31,7 +31,7 @@ from trainers.common import (
 from trainers.layers import Layer, Op, plan_for
 from trainers.presets import layers_of
 from trainers.spec import ModelSpec
-from trainers.torch_masks import hash32, hashed_dropout
+from trainers.torch_masks import hash32, hashed_dropout, uniform_dropout
 
 GROUPS = ("layers", "convs", "norms", "conv_norms", "layer_norms", "residuals")
 
@@ -79,7 +79,7 @@ class LayerModel(nn.Module):
         if kind == "dropout" and dropout_key is not None:
             return hashed_dropout(x, op.arg("rate"), dropout_key)
         if kind == "dropout":
-            return F.dropout(x, op.arg("rate"), self.training)
+            return uniform_dropout(x, op.arg("rate")) if self.training and op.arg("rate") else x
         if kind == "residual":  # its own ops' keys: a hash of this op's, apart from the outer positions
             return self.module(op)(x, None if dropout_key is None else hash32(dropout_key))
         return ACTIVATIONS[kind](x)

@@ -350,13 +350,14 @@ def _module_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: OneDe
     else:
         gradients = partial(_gradients, forward, run.autocast, run.task, loss_fn=run.loss)
     clip_norm = spec.optimizer.clip_norm
+    optimizer_step = torch_step.fused_adam(run.optimizer) or run.optimizer.step
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         run.optimizer.zero_grad(set_to_none=True)
         loss, logits = gradients(x, y)
         if clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip_norm)
-        run.optimizer.step()
+        optimizer_step()
         if run.scheduler is not None:
             run.scheduler.step()  # per optimizer step, as optax counts its schedules
         return loss, logits

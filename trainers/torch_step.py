@@ -18,6 +18,7 @@ on one device, without privacy; the other cases keep torch_trainer's module-comp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from functools import partial
@@ -75,11 +76,12 @@ def update(
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
     state: list[list[torch.Tensor]],
-    lr: torch.Tensor,
+    rates: torch.Tensor,
 ) -> None:
     """One in-place optimizer step of `params` by `grads` (torch.optim's update rules, written out
-    so they are part of the compiled graph); `lr` is a float32 0-dim tensor (the schedule's rate)."""
+    so they are part of the compiled graph); `rates` is rates_at's float32 [3] for this step."""
     wd = opt.weight_decay
+    lr = rates[0]
     if opt.name == "sgd":
         buffers = state[0] if state else [None] * len(params)
         for p, g, buf in zip(params, grads, buffers):
@@ -95,11 +97,19 @@ def update(
             p.mul_(1 - lr * wd)
         elif wd:
             g = g + wd * p
-        step.add_(1)
+        step.add_(1)  # torch.optim's count, for checkpoints; the bias corrections come in `rates`
         m.lerp_(g, 1 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = v.sqrt() / (1 - beta2**step).sqrt() + EPS
-        p.sub_(lr / (1 - beta1**step) * m / denom)
+        denom = v.sqrt() / rates[2] + EPS
+        p.sub_(rates[1] * m / denom)
+
+
+def rates_at(lr: float, step: int) -> list[float]:
+    """[lr, lr / (1 - beta1^t), sqrt(1 - beta2^t)] for optimizer step t (1-based): the rate and
+    Adam's bias corrections, computed on the host in float64 as torch.optim.Adam does. (Computed
+    in the graph from the step tensor, Inductor inlined the pow into every element's update.)"""
+    beta1, beta2 = BETAS
+    return [lr, lr / (1 - beta1**step), math.sqrt(1 - beta2**step)]
 
 
 def clip_(grads: list[torch.Tensor], clip_norm: float) -> list[torch.Tensor]:
@@ -120,7 +130,7 @@ def whole_step(
     x: torch.Tensor,
     y: torch.Tensor,
     key: torch.Tensor,
-    lr: torch.Tensor,
+    rates: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One training step of `model` with `params` (updated in place, with `state`) on the batch
     x [B, D], y [B]: (mean loss, summed score (torch_models.score_sum)). Traced whole by dynamo."""
@@ -135,7 +145,7 @@ def whole_step(
     if opt.clip_norm is not None:
         grad_list = clip_(grad_list, opt.clip_norm)
     with torch.no_grad():
-        update(opt, params, grad_list, state, lr)
+        update(opt, params, grad_list, state, rates)
     return loss.detach(), score_sum(logits.detach(), y, task)
 
 
@@ -196,26 +206,27 @@ def make(
     params = [p.detach() for p in model.parameters()]  # aliases: updated in place, no autograd
     state = optimizer_state(opt, optimizer)
     group = optimizer.param_groups[0]
-    lr = torch.tensor(group["lr"], dtype=torch.float32, device=params[0].device)
+    device = params[0].device
+    # Optimizer steps taken so far (Adam's count; SGD needs none), for the bias corrections.
+    taken = [int(state[0][0].item()) if opt.name != "sgd" else 0]
+    rates = torch.tensor(rates_at(group["lr"], taken[0] + 1), dtype=torch.float32, device=device)
     compiled = compiled_step(key, model, opt, autocast, task)
 
     model.train()
     copies = ([p.clone() for p in params], [[t.clone() for t in ts] for ts in state])
     batch = torch.arange(spec.batch_size, device=x_train.device)
-    compiled(*copies, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32), lr.clone())
+    compiled(*copies, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32), rates.clone())
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if group["lr"] != lr_now[0]:  # the scheduler moved it
-            lr.fill_(group["lr"])
-            lr_now[0] = group["lr"]
+        taken[0] += 1
+        rates.copy_(torch.tensor(rates_at(group["lr"], taken[0]), dtype=torch.float32))
         dropout_key = torch.randint(-(2**31), 2**31 - 1, (), dtype=torch.int32)
         # Every call passes the tensors the warm-up's graph was made for (the same shapes, the
         # same parameter and state tensors): only the guards telling dynamo's cache entries
         # apart need checking, about a tenth of the step's time on CPU.
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return compiled(params, state, x, y, dropout_key, lr)
+            return compiled(params, state, x, y, dropout_key, rates)
 
-    lr_now = [group["lr"]]
     # The scheduler warns when it steps before optimizer.step() ever ran: this step takes its steps.
     optimizer._opt_called = True  # type: ignore[attr-defined]
     return step

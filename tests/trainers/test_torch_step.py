@@ -74,11 +74,10 @@ def test_the_written_out_update_is_torch_optims(options):
     optimizer = cls(ours.parameters(), lr=opt.learning_rate, weight_decay=opt.weight_decay, **extra)
     params, state = [p.detach() for p in ours.parameters()], torch_step.optimizer_state(opt, optimizer)
     names = [name for name, _ in ours.named_parameters()]
-    lr = torch.tensor(opt.learning_rate)
-
-    for _ in range(3):
+    for t in range(1, 4):
+        rates = torch.tensor(torch_step.rates_at(opt.learning_rate, t))
         loss, _ = torch_step.whole_step(ours, names, opt, nullcontext, "classification",
-                                        params, state, x, y, key(0), lr)
+                                        params, state, x, y, key(0), rates)
         reference.zero_grad()
         expected = task_loss(theirs(x), y, "classification")
         expected.backward()

@@ -200,8 +200,9 @@ def make(
     the scheduler). Compiled here, on a batch of the training shape run on copies of the
     parameters and state, so nothing the run trains changes and no epoch pays for it.
 
-    Each step's dropout key is drawn from torch's CPU generator, which the trainer seeds per
-    epoch from (seed, epoch) and checkpoints mid-epoch: the masks repeat in a resumed run."""
+    Each step's dropout key is drawn from torch's generator of the device (the CPU's or CUDA's),
+    which the trainer seeds per epoch from (seed, epoch) and checkpoints mid-epoch: the masks
+    repeat in a resumed run."""
     opt = spec.optimizer
     params = [p.detach() for p in model.parameters()]  # aliases: updated in place, no autograd
     state = optimizer_state(opt, optimizer)
@@ -215,12 +216,12 @@ def make(
     model.train()
     copies = ([p.clone() for p in params], [[t.clone() for t in ts] for ts in state])
     batch = torch.arange(spec.batch_size, device=x_train.device)
-    compiled(*copies, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32), rates.clone())
+    compiled(*copies, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32, device=device), rates.clone())
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         taken[0] += 1
         rates.copy_(torch.tensor(rates_at(group["lr"], taken[0]), dtype=torch.float32))
-        dropout_key = torch.randint(-(2**31), 2**31 - 1, (), dtype=torch.int32)
+        dropout_key = torch.randint(-(2**31), 2**31 - 1, (), dtype=torch.int32, device=device)
         # Every call passes the tensors the warm-up's graph was made for (the same shapes, the
         # same parameter and state tensors): only the guards telling dynamo's cache entries
         # apart need checking, about a tenth of the step's time on CPU.

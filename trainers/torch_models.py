@@ -31,6 +31,7 @@ from trainers.common import (
 from trainers.layers import Layer, Op, plan_for
 from trainers.presets import layers_of
 from trainers.spec import ModelSpec
+from trainers.torch_masks import hash32, hashed_dropout, uniform_dropout
 
 GROUPS = ("layers", "convs", "norms", "conv_norms", "layer_norms", "residuals")
 
@@ -51,12 +52,14 @@ class LayerModel(nn.Module):
             if op.name is not None:
                 getattr(self, op.name.split(".")[-2]).append(_module(op, input_shape))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for op in self.ops:
-            x = self.apply_op(op, x)
+    def forward(self, x: torch.Tensor, dropout_key: torch.Tensor | None = None) -> torch.Tensor:
+        """`dropout_key` (int32, 0-dim; the compiled step's, trainers.torch_step) makes dropout
+        hash its masks from the key and the op's position instead of drawing them from torch's RNG."""
+        for position, op in enumerate(self.ops):
+            x = self.apply_op(op, x, None if dropout_key is None else dropout_key + position)
         return x
 
-    def apply_op(self, op: Op, x: torch.Tensor) -> torch.Tensor:
+    def apply_op(self, op: Op, x: torch.Tensor, dropout_key: torch.Tensor | None = None) -> torch.Tensor:
         if op.reshapes_input:
             x = _as_image(x, self.input_shape)
         kind = op.kind
@@ -73,10 +76,12 @@ class LayerModel(nn.Module):
             return x.mean(dim=(2, 3))
         if kind == "flatten":
             return x.flatten(1)
+        if kind == "dropout" and dropout_key is not None:
+            return hashed_dropout(x, op.arg("rate"), dropout_key)
         if kind == "dropout":
-            return F.dropout(x, op.arg("rate"), self.training)
-        if kind == "residual":
-            return self.module(op)(x)
+            return uniform_dropout(x, op.arg("rate")) if self.training and op.arg("rate") else x
+        if kind == "residual":  # its own ops' keys: a hash of this op's, apart from the outer positions
+            return self.module(op)(x, None if dropout_key is None else hash32(dropout_key))
         return ACTIVATIONS[kind](x)
 
     def module(self, op: Op) -> nn.Module:
@@ -94,9 +99,9 @@ class Residual(LayerModel):
             c_in, c_out = op.in_shape[-1] if self.image else math.prod(op.in_shape), op.out_shape[-1]
             self.projection = nn.Conv2d(c_in, c_out, 1) if self.image else nn.Linear(c_in, c_out)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, dropout_key: torch.Tensor | None = None) -> torch.Tensor:
         x = x if self.image else x.flatten(1)
-        out = super().forward(x)
+        out = super().forward(x, dropout_key)
         return out + (self.projection(x) if hasattr(self, "projection") else x)
 
 

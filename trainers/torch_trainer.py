@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainers import torch_checkpoint
+from trainers import torch_checkpoint, torch_step
 from trainers.base import (
     HAND_BACK_REASONS,
     EpochMetrics,
@@ -167,11 +167,12 @@ def train(
     run = prepare(spec, world, options)
     setup_s = time.perf_counter() - start
 
+    metrics, first_step_loss, progress = resume(workdir, run, report)
     # "compile": true: the step is compiled here, on one batch, so no epoch pays for it.
     graphs_before = _graphs_compiled
-    train_model, compile_s = compile_model(spec, run)
-    metrics, first_step_loss, progress = resume(workdir, run, report)
-    step = make_train_step(spec, run, world.wrap(train_model), world)
+    compile_start = time.perf_counter()
+    step = make_train_step(spec, run, world)
+    compile_s = time.perf_counter() - compile_start if spec.compile else 0.0
     # Mid-epoch checkpoints where the dropout RNG's state can be saved, by the only rank.
     can_hand_back = world.size == 1 and run.device.type in ("cpu", "cuda")
     checkpoint_s = 0.0
@@ -246,6 +247,7 @@ class Run:
     target_variance: float = 0.0  # of the test targets (regression's R^2)
     preprocessing: Preprocessing | None = None
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # user code's loss(logits, y)
+    user_code: bool = False  # the model is a user module (options.user_model)
 
 
 def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run:
@@ -286,17 +288,16 @@ def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run
         target_variance=target_variance(data.y_test),
         preprocessing=Preprocessing.of(data),
         loss=options.user_model.loss if options.user_model is not None else None,
+        user_code=options.user_model is not None,
     )
 
 
-def compile_model(spec: JobSpec, run: Run) -> tuple[torch.nn.Module, float]:
-    """(the module the train step calls, seconds spent compiling it): `run.model` itself, or with
-    "compile": true, its torch.compile'd step built now on one batch (see _compile)."""
+def compile_model(spec: JobSpec, run: Run) -> torch.nn.Module:
+    """The module the train step calls: `run.model` itself, or with "compile": true, its
+    torch.compile'd forward and backward built now on one batch (see _compile)."""
     if not spec.compile:
-        return run.model, 0.0
-    compile_start = time.perf_counter()
-    compiled = _compile(run.model, run.x_train, run.y_train, spec.batch_size, spec, run.device, run.autocast, run.task)
-    return compiled, time.perf_counter() - compile_start
+        return run.model
+    return _compile(run.model, run.x_train, run.y_train, spec.batch_size, spec, run.device, run.autocast, run.task)
 
 
 def resume(
@@ -319,11 +320,46 @@ def resume(
 TrainStep = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: OneDevice | Group) -> TrainStep:
-    """`step(x, y) -> (loss, logits)`: one optimizer step on a batch, as the seeds' loop takes it
-    (zero_grad, backward, step). The options plug in here, not into the loop: the gradients come
-    from `forward` (the model, compiled or DDP-wrapped) or, with privacy, from DP-SGD's clipped
-    and noised per-example gradients; clip_norm clips them; the scheduler steps per step."""
+def make_train_step(spec: JobSpec, run: Run, world: OneDevice | Group) -> TrainStep:
+    """`step(x, y) -> (loss, score)`: one optimizer step on a batch, as the seeds' loop takes it
+    (zero_grad, backward, step), with the batch's mean loss and summed score (score_sum), both
+    detached, on the device. With "compile": true it is compiled now, before it returns.
+
+    Compiled, the whole step is one graph where trainers.torch_step covers the run (the built-in
+    models without batch norm, on one device, without privacy); otherwise the module is compiled
+    (its forward and backward) and the optimizer steps eagerly, as it does without compile."""
+    if spec.compile and torch_step.supported(spec, run.model, world.size, run.user_code):
+        return _whole_step(spec, run)
+    step = _module_step(spec, run, world.wrap(compile_model(spec, run)), world)
+
+    def scored(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, logits = step(x, y)
+        return loss.detach(), score_sum(logits.detach(), y, run.task)
+
+    return scored
+
+
+def _whole_step(spec: JobSpec, run: Run) -> TrainStep:
+    """torch_step's compiled whole step for `run`, the scheduler stepped after each step."""
+    key = ("whole", *torch_step.cache_key(spec, tuple(run.x_train.shape[1:]), run.device, run.task))
+    _start_compiling(key)
+    fused = torch_step.make(spec, run.model, run.optimizer, run.x_train, run.y_train, run.autocast, run.task, key)
+    if run.scheduler is None:
+        return fused
+    scheduler = run.scheduler
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, score = fused(x, y)
+        scheduler.step()  # per optimizer step, as optax counts its schedules
+        return loss, score
+
+    return step
+
+
+def _module_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: OneDevice | Group) -> Callable:
+    """`step(x, y) -> (loss, logits)` of the module path: the gradients come from `forward` (the
+    model, compiled or DDP-wrapped) or, with privacy, from DP-SGD's clipped and noised
+    per-example gradients; clip_norm clips them; the scheduler steps per step."""
     if spec.privacy is not None:
         gradients = partial(
             _private_gradients,
@@ -336,13 +372,14 @@ def make_train_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: On
     else:
         gradients = partial(_gradients, forward, run.autocast, run.task, loss_fn=run.loss)
     clip_norm = spec.optimizer.clip_norm
+    optimizer_step = torch_step.fused_adam(run.optimizer) or run.optimizer.step
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         run.optimizer.zero_grad(set_to_none=True)
         loss, logits = gradients(x, y)
         if clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip_norm)
-        run.optimizer.step()
+        optimizer_step()
         if run.scheduler is not None:
             run.scheduler.step()  # per optimizer step, as optax counts its schedules
         return loss, logits
@@ -430,13 +467,12 @@ def train_epoch(
                     hand_back(progress, step0_loss)
                 raise
             next_check = time.perf_counter() + STOP_CHECK_S
-        y = run.y_train[idx]
-        loss, logits = step(run.x_train[idx], y)
+        loss, score = step(run.x_train.index_select(0, idx), run.y_train.index_select(0, idx))
         # Summed on the device: a .item() per step would wait for the device every step.
-        loss_sum += loss.detach()
+        loss_sum += loss
         if epoch == 1 and i == 0:
-            step0_loss = torch.tensor(world.total(loss.detach())[0] / world.size, device=device)
-        correct += score_sum(logits.detach(), y, run.task)
+            step0_loss = torch.tensor(world.total(loss)[0] / world.size, device=device)
+        correct += score
         _end_step(device)
     # The epoch's one host sync. Each device's loss is the mean over its share of the batch.
     loss_total, train_correct = world.total(loss_sum, correct)
@@ -504,16 +540,7 @@ def _compile(
     model.eval() never triggers a second compilation. The returned module shares `model`'s
     parameters.
     """
-    # Dynamo keeps the steps compiled in this process, so a later job with the same model and
-    # batch shape reuses its step; but after recompile_limit different ones it would quietly
-    # fall back to eager for good. Start afresh before that happens.
-    key = (spec.model.model_dump_json(), spec.precision, tuple(x_train.shape[1:]), batch_size, str(device))
-    if key not in _compiled_steps and len(_compiled_steps) >= torch._dynamo.config.recompile_limit - 1:
-        torch.compiler.reset()
-        _compiled_steps.clear()
-    _compiled_steps.add(key)
-    _count_compilations()  # after any reset, which drops dynamo's callbacks
-
+    _start_compiling((spec.model.model_dump_json(), spec.precision, tuple(x_train.shape[1:]), batch_size, str(device)))
     compiled = torch.compile(model, dynamic=False)
     idx = torch.arange(batch_size, device=device)
     model.train()
@@ -525,6 +552,19 @@ def _compile(
     _wait_for(device)
     # torch.compile of a Module returns an OptimizedModule (a Module); its stub says a plain callable.
     return compiled  # type: ignore[return-value]
+
+
+def _start_compiling(key: tuple) -> None:
+    """Before compiling the step of `key` (its model, shapes, device): dynamo keeps the steps
+    compiled in this process, so a later job with the same key reuses its step; but after
+    recompile_limit different ones it would quietly fall back to eager for good. Start afresh
+    before that happens."""
+    if key not in _compiled_steps and len(_compiled_steps) >= torch._dynamo.config.recompile_limit - 1:
+        torch.compiler.reset()
+        _compiled_steps.clear()
+        torch_step.reset()
+    _compiled_steps.add(key)
+    _count_compilations()  # after any reset, which drops dynamo's callbacks
 
 
 _compiled_steps: set[tuple] = set()  # the steps torch.compile holds for this process, by shape

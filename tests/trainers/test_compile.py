@@ -111,14 +111,16 @@ def test_without_dropout_compiled_training_matches_eager_closely(tmp_path, digit
         assert mine.test_accuracy == pytest.approx(theirs.test_accuracy, abs=0.01)
 
 
-def test_many_different_models_keep_being_compiled(tmp_path, digits_spec, monkeypatch, fresh_dynamo):
+@pytest.mark.parametrize("model", [{}, {"batch_norm": True}], ids=["whole-step", "module"])
+def test_many_different_models_keep_being_compiled(tmp_path, digits_spec, fresh_dynamo, model):
     # Past recompile_limit different steps, dynamo would quietly run the step eagerly for good;
-    # the trainer starts afresh before that, so every job still gets its compiled step.
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
-    for i, hidden in enumerate(([32], [48], [64])):
-        result = fit(digits_spec("pytorch", compile=True, epochs=1, model={"hidden_sizes": hidden}),
-                     tmp_path / str(i), lambda epoch, metrics: None)
-        assert result.timings["compilations"] == 1, hidden
+    # the trainer starts afresh before that, so every job still gets its compiled step. (Not
+    # monkeypatch.setattr: its undo deletes the setting from dynamo's config module.)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for i, hidden in enumerate(([32], [48], [64])):
+            result = fit(digits_spec("pytorch", compile=True, epochs=1, model={"hidden_sizes": hidden, **model}),
+                         tmp_path / str(i), lambda epoch, metrics: None)
+            assert result.timings["compilations"] == 1, hidden
 
 
 def test_jax_ignores_compile(tmp_path, digits_spec, digits_runs):

@@ -149,3 +149,21 @@ def test_a_run_that_ends_keeps_its_last_epoch_checkpoint(framework, reason, step
     steps_run.clear()
     fit(spec, tmp_path, lambda e, m: None)
     assert len(steps_run) == 2 * STEPS
+
+
+def test_a_compiled_run_handed_back_mid_epoch_resumes_at_the_step_it_stopped(steps_run, tmp_path):
+    # The compiled whole step (trainers.torch_step): its dropout keys, optimizer state and the
+    # schedule's rate carry over a mid-epoch checkpoint as the eager step's do.
+    spec = JobSpec(framework="pytorch", compile=True, **HANDED_BACK)
+    whole = fit(spec, tmp_path / "whole", lambda e, m: None)
+    steps_run.clear()
+    with pytest.raises(StopTraining):
+        fit(spec, tmp_path / "handed-back", lambda e, m: None, stop_mid_epoch("preempted", steps_run, STEPS + 20))
+    done = len(steps_run)
+    assert STEPS < done < 2 * STEPS
+    steps_run.clear()
+    resumed = fit(spec, tmp_path / "handed-back", lambda e, m: None)
+
+    assert len(steps_run) == 3 * STEPS - done
+    assert numbers(resumed.metrics) == numbers(whole.metrics)
+    assert resumed.result == whole.result

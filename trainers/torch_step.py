@@ -1,0 +1,280 @@
+"""The PyTorch trainer's compiled step: forward, backward, clipping and the optimizer update as
+ONE torch.compile'd graph, over the parameters and optimizer state as prebuilt tensor lists.
+
+Why: compiling only the module (torch.compile(model)) made the step slower than eager on CPU.
+That step is three compiled pieces and two eager ones per batch: the forward graph, AOTAutograd's
+backward graph (each behind its own runtime wrapper and guards), autograd's engine between them,
+then zero_grad and optimizer.step() in Python; and Inductor's dropout draws its masks with a
+scalar (not vectorised) Philox loop on CPU. Here the whole step is one call: the gradients come
+from torch.func.grad_and_value, the update is written out (Adam, AdamW, SGD as torch.optim does
+them), and dropout masks come from an integer hash that Inductor vectorises (`hashed_dropout`).
+
+The optimizer state lives where torch.optim keeps it (`optimizer.state[p]`, the same keys), so
+checkpoints, resume and the learning rate scheduler work as they do with optimizer.step().
+
+Covers the built-in models (trainers.torch_models.LayerModel) without buffers (no batch norm),
+on one device, without privacy; the other cases keep torch_trainer's module-compiling path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from functools import partial
+
+import torch
+
+from trainers.spec import JobSpec, OptimizerSpec
+from trainers.torch_models import LayerModel, score_sum, task_loss
+
+BETAS, EPS = (0.9, 0.999), 1e-8  # OptimizerSpec's Adam constants (torch.optim's defaults)
+
+FusedStep = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def supported(spec: JobSpec, model: torch.nn.Module, world_size: int, user_code: bool) -> bool:
+    """Whether the compiled whole step covers this run (else: torch_trainer's module-compiling path).
+
+    Not for user code (its module is not described by the spec the compiled step is cached
+    under, and takes no dropout key), batch norm (buffers updated in the forward pass), data
+    parallel (DDP's hooks reduce the gradients during autograd's backward) or DP-SGD."""
+    return (
+        spec.compile
+        and not user_code
+        and isinstance(model, LayerModel)
+        and not list(model.buffers())
+        and world_size == 1
+        and spec.privacy is None
+    )
+
+
+def optimizer_state(opt: OptimizerSpec, optimizer: torch.optim.Optimizer) -> list[list[torch.Tensor]]:
+    """The optimizer's state as lists parallel to its parameters, created in torch.optim's layout
+    when the optimizer has not stepped yet (else the tensors restored from a checkpoint are used):
+    Adam/AdamW [step (float32 0-dim, on the parameter's device), exp_avg, exp_avg_sq]; SGD with
+    momentum [momentum_buffer] (zeros: torch.optim's first buffer is the gradient itself, which
+    0 * momentum + g gives too); plain SGD none."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    names = {"adam": ("step", "exp_avg", "exp_avg_sq"), "adamw": ("step", "exp_avg", "exp_avg_sq")}
+    keys = names.get(opt.name, ("momentum_buffer",) if opt.momentum else ())
+    lists: list[list[torch.Tensor]] = [[] for _ in keys]
+    for p in params:
+        state = optimizer.state[p]
+        for key, tensors in zip(keys, lists):
+            if key == "step":  # one dtype and device whoever made it, so the compiled step's guards hold
+                value = state.get(key, torch.zeros(()))
+                state[key] = torch.as_tensor(value, dtype=torch.float32).to(p.device).clone()
+            elif state.get(key) is None:
+                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            tensors.append(state[key])
+    return lists
+
+
+def update(
+    opt: OptimizerSpec,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    state: list[list[torch.Tensor]],
+    rates: torch.Tensor,
+) -> None:
+    """One in-place optimizer step of `params` by `grads` (torch.optim's update rules, written out
+    so they are part of the compiled graph); `rates` is rates_at's float32 [3] for this step."""
+    wd = opt.weight_decay
+    lr = rates[0]
+    if opt.name == "sgd":
+        buffers = state[0] if state else [None] * len(params)
+        for p, g, buf in zip(params, grads, buffers):
+            g = g + wd * p if wd else g
+            if buf is not None:
+                buf.mul_(opt.momentum).add_(g)
+                g = g + opt.momentum * buf if opt.nesterov else buf
+            p.sub_(lr * g)
+        return
+    (beta1, beta2), (steps, exp_avgs, exp_avg_sqs) = BETAS, state
+    for p, g, step, m, v in zip(params, grads, steps, exp_avgs, exp_avg_sqs):
+        if opt.name == "adamw":
+            p.mul_(1 - lr * wd)
+        elif wd:
+            g = g + wd * p
+        step.add_(1)  # torch.optim's count, for checkpoints; the bias corrections come in `rates`
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = v.sqrt() / rates[2] + EPS
+        p.sub_(rates[1] * m / denom)
+
+
+def rates_at(lr: float, step: int) -> list[float]:
+    """[lr, lr / (1 - beta1^t), sqrt(1 - beta2^t)] for optimizer step t (1-based): the rate and
+    Adam's bias corrections, computed on the host in float64 as torch.optim.Adam does. (Computed
+    in the graph from the step tensor, Inductor inlined the pow into every element's update.)"""
+    beta1, beta2 = BETAS
+    return [lr, lr / (1 - beta1**step), math.sqrt(1 - beta2**step)]
+
+
+def clip_(grads: list[torch.Tensor], clip_norm: float) -> list[torch.Tensor]:
+    """`grads` scaled down to global L2 norm `clip_norm` (torch.nn.utils.clip_grad_norm_'s rule)."""
+    total = torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt()
+    factor = torch.clamp(clip_norm / (total + 1e-6), max=1.0)
+    return [g * factor for g in grads]
+
+
+def whole_step(
+    model: torch.nn.Module,
+    names: list[str],
+    opt: OptimizerSpec,
+    autocast: Callable[[], ContextManager],
+    task: str,
+    params: list[torch.Tensor],
+    state: list[list[torch.Tensor]],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    key: torch.Tensor,
+    rates: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One training step of `model` with `params` (updated in place, with `state`) on the batch
+    x [B, D], y [B]: (mean loss, summed score (torch_models.score_sum)). Traced whole by dynamo."""
+
+    def loss_of(named: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast():
+            logits = torch.func.functional_call(model, named, (x,), {"dropout_key": key})
+            return task_loss(logits, y, task), logits
+
+    grads, (loss, logits) = torch.func.grad_and_value(loss_of, has_aux=True)(dict(zip(names, params)))
+    grad_list = [grads[name] for name in names]
+    if opt.clip_norm is not None:
+        grad_list = clip_(grad_list, opt.clip_norm)
+    with torch.no_grad():
+        update(opt, params, grad_list, state, rates)
+    return loss.detach(), score_sum(logits.detach(), y, task)
+
+
+_compiled: dict[tuple, Callable] = {}  # the compiled whole steps of this process, by cache_key
+
+
+def cache_key(spec: JobSpec, x_shape: tuple[int, ...], device: torch.device, task: str) -> tuple:
+    """What the compiled step's graph depends on: a later job with the same key reuses it."""
+    return (
+        spec.model.model_dump_json(),
+        spec.optimizer.model_dump_json(),
+        spec.precision,
+        x_shape,
+        spec.batch_size,
+        str(device),
+        task,
+    )
+
+
+def compiled_step(
+    key: tuple, model: torch.nn.Module, opt: OptimizerSpec, autocast: Callable[[], ContextManager], task: str
+) -> Callable:
+    """The torch.compile'd whole_step for `key`, made now or reused from an earlier job. A reused
+    one calls the first job's module with this job's parameters (functional_call): same spec,
+    same module; the modules hold no buffers."""
+    if key not in _compiled:
+        names = [name for name, _ in model.named_parameters()]
+        step = partial(whole_step, model, names, opt, autocast, task)
+        # Static shapes: every step has the same [batch_size, features] batch (the partial last
+        # batch is dropped). fullgraph: a graph break would split the step into pieces again.
+        _compiled[key] = torch.compile(step, fullgraph=True, dynamic=False)
+    return _compiled[key]
+
+
+def reset() -> None:
+    """Forget the compiled steps (with torch.compiler.reset(), which drops their graphs)."""
+    _compiled.clear()
+
+
+def make(
+    spec: JobSpec,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    autocast: Callable[[], ContextManager],
+    task: str,
+    key: tuple,
+) -> FusedStep:
+    """`step(x, y) -> (loss, score)`: the compiled whole step over `model`'s parameters and
+    `optimizer`'s state (one optimizer step, as optimizer.step() would take it; the caller steps
+    the scheduler). Compiled here, on a batch of the training shape run on copies of the
+    parameters and state, so nothing the run trains changes and no epoch pays for it.
+
+    Each step's dropout key is drawn from torch's generator of the device (the CPU's or CUDA's),
+    which the trainer seeds per epoch from (seed, epoch) and checkpoints mid-epoch: the masks
+    repeat in a resumed run."""
+    opt = spec.optimizer
+    params = [p.detach() for p in model.parameters()]  # aliases: updated in place, no autograd
+    state = optimizer_state(opt, optimizer)
+    group = optimizer.param_groups[0]
+    device = params[0].device
+    # Optimizer steps taken so far (Adam's count; SGD needs none), for the bias corrections.
+    taken = [int(state[0][0].item()) if opt.name != "sgd" else 0]
+    rates = torch.tensor(rates_at(group["lr"], taken[0] + 1), dtype=torch.float32, device=device)
+    compiled = compiled_step(key, model, opt, autocast, task)
+
+    model.train()
+    copies = ([p.clone() for p in params], [[t.clone() for t in ts] for ts in state])
+    batch = torch.arange(spec.batch_size, device=x_train.device)
+    compiled(*copies, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32, device=device), rates.clone())
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        taken[0] += 1
+        rates.copy_(torch.tensor(rates_at(group["lr"], taken[0]), dtype=torch.float32))
+        dropout_key = torch.randint(-(2**31), 2**31 - 1, (), dtype=torch.int32, device=device)
+        # Every call passes the tensors the warm-up's graph was made for (the same shapes, the
+        # same parameter and state tensors): only the guards telling dynamo's cache entries
+        # apart need checking, about a tenth of the step's time on CPU.
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return compiled(params, state, x, y, dropout_key, rates)
+
+    # The scheduler warns when it steps before optimizer.step() ever ran: this step takes its steps.
+    optimizer._opt_called = True  # type: ignore[attr-defined]
+    return step
+
+
+def fused_adam(optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
+    """`step()`: what optimizer.step() of a fused torch.optim.Adam does (the same kernel, the same
+    bits), over lists built once instead of regathered in Python every step; None where the
+    optimizer is not one fused Adam over parameters of one device and dtype. A parameter left
+    without a gradient falls back to optimizer.step(), which skips it."""
+    groups = optimizer.param_groups
+    if not isinstance(optimizer, torch.optim.Adam) or not groups[0].get("fused") or len(groups) > 1:
+        return None
+    group = groups[0]
+    params: list[torch.Tensor] = group["params"]
+    if (
+        group["amsgrad"]
+        or group["maximize"]
+        or group["differentiable"]
+        or len({(p.device, p.dtype) for p in params}) > 1
+    ):
+        return None
+    steps, exp_avgs, exp_avg_sqs = optimizer_state(OptimizerSpec(name="adam"), optimizer)
+    beta1, beta2 = group["betas"]
+
+    def step() -> None:
+        grads = [g for p in params if (g := p.grad) is not None]
+        if len(grads) < len(params):
+            optimizer.step()
+            return
+        torch._foreach_add_(steps, 1)
+        torch._fused_adam_(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            [],
+            steps,
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            amsgrad=False,
+            maximize=False,
+        )
+
+    # The scheduler warns when it steps before optimizer.step() ever ran: this step takes its steps.
+    optimizer._opt_called = True  # type: ignore[attr-defined]
+    return step

@@ -29,6 +29,11 @@ def reset_caches() -> None:
     from app import config, db, jobs, queue
     from app.sweeps import study
 
+    # The engines' pools are closed, not left to the garbage collector: a test session would
+    # otherwise hold tens of idle connections, and PostgreSQL allows 100 in all.
+    # (The reader sessions' engine shares this one's pool.)
+    if db.get_engine.cache_info().currsize:
+        db.get_engine().dispose()
     config.get_settings.cache_clear()
     study.get_storage.cache_clear()
     db.get_engine.cache_clear()

@@ -93,7 +93,11 @@ def test_watch_training_compare_and_download_in_the_browser(service, page, shots
                            timeout_s=120)
         assert done["status"] == "succeeded", done["error"]
         broken = damaged_dataset_job(service, client, tmp_path, epochs=1, name="no-data")
-        running = client.submit({**DIGITS, "framework": "pytorch", "epochs": 300, "name": "long-one"})
+        # failed before the long one is sent: the worker takes its queues in turn, not in order
+        assert client.wait(broken["id"], timeout_s=120)["status"] == "failed"
+        # long enough to be watched and cancelled (a tiny step runs on one thread, ~10 ms an epoch)
+        running = client.submit({**DIGITS, "framework": "pytorch", "epochs": 1000, "batch_size": 16,
+                                 "name": "long-one"})
 
     # sign in: a wrong key is refused, the right one shows the list
     sign_in(page, service.url, "th_not-a-key", accepted=False)

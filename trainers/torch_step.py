@@ -181,7 +181,7 @@ def compiled_step(
 
 
 def reset() -> None:
-    """Forget the compiled steps (with torch.compiler.reset(), which drops their graphs)."""
+    """Forget the compiled steps; the caller also calls torch.compiler.reset(), which drops their graphs."""
     _compiled.clear()
 
 

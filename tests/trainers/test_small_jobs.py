@@ -84,6 +84,9 @@ def test_tiny_pytorch_steps_run_on_one_thread():
     assert threads_for(JobSpec(framework="pytorch", **SPEC)) == 1  # the digits MLP: ~20 MFLOP a step
     large = JobSpec(framework="pytorch", dataset={"name": "fashion-mnist"}, model={"hidden_sizes": [1024, 1024]})
     assert threads_for(large) == cores
+    # a convolution keeps every core, however small (one-thread convolutions round differently)
+    small_cnn = JobSpec(framework="pytorch", **{**SPEC, "model": {"name": "cnn", "channels": [4], "hidden_sizes": [16]}})
+    assert threads_for(small_cnn) == cores
 
 
 def test_the_digits_split_is_kept_for_the_next_worker(tmp_path, monkeypatch):

@@ -89,6 +89,7 @@ class Config:
     service_epochs: int = 3
     service_train_limit: int | None = None
     rss_jobs: int = 20
+    user_code_pairs: int = 3  # built-in and user-code jobs in turn (bench/user_code.py)
     rss_train_limit: int = 12800
     api_post_s: float = 10.0
     api_get_s: float = 10.0
@@ -133,6 +134,7 @@ class Config:
     def quick(cls) -> "Config":
         return cls(epochs=2, rounds=1, train_limit=1280, test_limit=500, linear_n=1024, linear_epochs=2,
                    linear_rounds=1, service_epochs=1, service_train_limit=1280, rss_jobs=3, rss_train_limit=1280,
+                   user_code_pairs=1,
                    api_post_s=1.0, api_get_s=1.0, api_get_rate=50.0, api_concurrency=4,
                    matmul_sizes="256,512", cnn_epochs=2, cnn_train_limit=256, resnet_epochs=2, resnet_train_limit=256,
                    resnet_test_limit=256, resnet_rounds=1, upload_stream_bytes=64 * 1024**2,
@@ -400,7 +402,7 @@ def measure_jobs(config: Config, service, service_out: dict) -> None:
         from bench import user_code
 
         builtin = service_spec("pytorch", config, config.service_epochs, config.service_train_limit)
-        service_out["user_code"] = user_code.measure(client, builtin, jobs["pytorch, warm"], log)
+        service_out["user_code"] = user_code.measure(client, builtin, log, config.user_code_pairs)
         service_out["compile_cache"] = {"first_compile_s": jobs["jax, cold"]["timings"]["compile_s"],
                                         "second_compile_s": jobs["jax, warm"]["timings"]["compile_s"]}
 

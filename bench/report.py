@@ -147,7 +147,8 @@ def criteria(results: dict) -> list[Criterion]:
             label, f"<= {USER_CODE_RATIO:g} x the built-in pytorch job's",
             f"{user['steady_epoch_s']:.4f} s vs {user['builtin_steady_epoch_s']:.4f} s = {user['ratio']:.2f} x",
             user["ratio"] <= USER_CODE_RATIO,
-            note=f"child process start cost: {user['child_start_s']:.3f} s (its overhead_s minus the built-in job's)",
+            note=f"medians of {len(user.get('builtin_jobs', [])) or 1} pair(s) of jobs run in turn; child process "
+                 f"start cost: {user['child_start_s']:.3f} s (its overhead_s minus the built-in job's)",
         ))
     else:
         out.append(Criterion(label, f"<= {USER_CODE_RATIO:g} x the built-in pytorch job's", "not measured", None,

@@ -9,6 +9,7 @@ gives the same mask in eager and compiled code.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 KEY_BITS = 24  # uniform bits per element: a drop rate is kept to 2^-24
 
@@ -42,3 +43,32 @@ def uniform_dropout(x: torch.Tensor, rate: float) -> torch.Tensor:
     generator's state (seeded per epoch, checkpointed mid-epoch) still says every mask."""
     keep = torch.rand(x.shape, device=x.device) >= rate
     return x * (keep * (1.0 / (1.0 - rate))).to(x.dtype)
+
+
+class UniformDropout(nn.Dropout):
+    """nn.Dropout with uniform_dropout's masks: the same distribution (each element dropped with
+    probability p, the kept ones scaled by 1 / (1 - p)), drawn from the same generator, at the
+    eager built-in models' cost. `inplace` is honoured."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return input
+        if self.p == 1:
+            return input.mul_(0) if self.inplace else input * 0
+        keep = torch.rand(input.shape, device=input.device) >= self.p
+        scale = (keep * (1.0 / (1.0 - self.p))).to(input.dtype)
+        return input.mul_(scale) if self.inplace else input * scale
+
+
+def uniform_dropouts(model: nn.Module) -> int:
+    """Give every plain nn.Dropout in `model` UniformDropout's forward (its class swapped in place:
+    p, inplace, training and hooks stay; a dropout has no state_dict); the count swapped. So a
+    user's eager CPU module pays for its dropout what the built-in MLP does (F.dropout's bernoulli_
+    takes about twice as long on CPU). Subclasses of nn.Dropout and functional dropout calls keep
+    their own code."""
+    swapped = 0
+    for module in model.modules():
+        if type(module) is nn.Dropout:
+            module.__class__ = UniformDropout
+            swapped += 1
+    return swapped

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainers import torch_checkpoint, torch_step
+from trainers import torch_checkpoint, torch_masks, torch_step
 from trainers.base import (
     HAND_BACK_REASONS,
     EpochMetrics,
@@ -263,6 +263,8 @@ def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run
             shapes = {name: tuple(w.shape) for name, w in weights_from_state_dict(model).items()}
             shared = shared_init(shapes, spec.seed)
             model.load_state_dict({name: torch.from_numpy(w) for name, w in shared.items()}, strict=False)
+        if device.type == "cpu" and not spec.compile:  # the built-in models' eager dropout (its docstring)
+            torch_masks.uniform_dropouts(model)
         model = world.prepare(model.to(device))
     else:
         # Initial weights come from numpy so a JAX job with this spec starts from the same ones.

@@ -131,7 +131,9 @@ def test_quick_run_goes_through_the_service(quick):
         assert job["submit_to_done_s"] >= job["timings"]["setup_s"] + job["timings"]["train_s"]
     assert service["compile_cache"]["first_compile_s"] > 0
     user = service["user_code"]  # the built-in pytorch MLP written as user code, through the sandbox
-    assert [job["status"] for job in user["jobs"]] == ["succeeded", "succeeded"]
+    assert [job["label"] for job in user["jobs"]] == ["user code, cold", "user code, pair 1"]
+    assert [job["label"] for job in user["builtin_jobs"]] == ["built-in, pair 1"]
+    assert all(job["status"] == "succeeded" for job in user["jobs"] + user["builtin_jobs"])
     assert user["ratio"] == pytest.approx(user["steady_epoch_s"] / user["builtin_steady_epoch_s"])
     assert "child_start_s" in user
     assert service["rss"]["jobs"] == results["config"]["rss_jobs"]

@@ -12,7 +12,7 @@ import torch
 
 from trainers import JobSpec, fit, torch_step
 from trainers.spec import OptimizerSpec
-from trainers.torch_masks import hash32, hashed_dropout
+from trainers.torch_masks import UniformDropout, hash32, hashed_dropout, uniform_dropouts
 from trainers.torch_models import build, task_loss
 
 
@@ -37,6 +37,27 @@ def test_a_mask_drops_the_rate_and_scales_what_it_keeps(rate):
     other = hashed_dropout(torch.ones(1000, 1000), rate, key(12346))
     both = ((out == 0) & (other == 0)).float().mean().item()
     assert both == pytest.approx(rate * rate, abs=0.002)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_users_dropout_gets_uniform_masks_of_the_same_rate(inplace):
+    class Custom(torch.nn.Dropout):  # a subclass keeps its own code
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.3, inplace=inplace), Custom(0.5))
+    state_dict = model.state_dict()
+
+    assert uniform_dropouts(model) == 1
+    assert type(model[1]) is UniformDropout and type(model[2]) is Custom
+    assert model[1].p == 0.3 and model[1].inplace == inplace
+    assert model.state_dict().keys() == state_dict.keys()
+    x = torch.ones(1000, 1000)
+    out = model[1](x)
+    assert (out is x) == inplace
+    assert (out == 0).float().mean().item() == pytest.approx(0.3, abs=0.002)
+    assert torch.unique(out[out != 0]).tolist() == [pytest.approx(1 / 0.7)]
+    model.eval()
+    assert torch.equal(model[1](torch.ones(3, 3)), torch.ones(3, 3))
 
 
 def test_the_hash_is_a_bijection_on_a_range():

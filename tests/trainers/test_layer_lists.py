@@ -240,3 +240,26 @@ def test_review_findings_are_refused_or_counted():
         JobSpec(**digits, model={"name": "lenet5"})
     with pytest.raises(ValidationError, match="give a preset's name"):
         JobSpec(**digits, model={"name": None})
+
+
+@pytest.mark.parametrize("kind", ["max_pool", "avg_pool"])
+@pytest.mark.parametrize("size", [(8, 8), (7, 9)])
+def test_tiled_pooling_has_pytorchs_values_and_gradients(kind, size):
+    """The JAX models pool non-overlapping tiles by a reshape (jax_models.tiled_pool): the values
+    and input gradients of PyTorch's pooling (floor mode: a partial last tile is dropped)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = np.random.default_rng(0).standard_normal((2, *size, 3)).astype(np.float32)  # NHWC, no ties
+    weights = np.random.default_rng(1).standard_normal((2, size[0] // 2, size[1] // 2, 3)).astype(np.float32)
+
+    def jax_loss(x):
+        return jnp.sum(jax_models.tiled_pool(x, 2, kind) * weights)
+
+    value, grad = jax.value_and_grad(jax_loss)(jnp.asarray(x))
+    xt = torch.tensor(x.transpose(0, 3, 1, 2), requires_grad=True)
+    pool = F.max_pool2d if kind == "max_pool" else F.avg_pool2d
+    torch_value = (pool(xt, 2) * torch.from_numpy(weights.transpose(0, 3, 1, 2))).sum()
+    torch_value.backward()
+    np.testing.assert_allclose(float(value), torch_value.item(), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), xt.grad.numpy().transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-6)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
@@ -619,6 +620,8 @@ def make_optimizer(
     Clipping (clip_grad_norm_) is done by the loop, before optimizer.step().
     """
     opt = spec.optimizer
+    if not spec.compile:
+        _skip_dynamo_import()
     if opt.name == "adam" and not opt.weight_decay:
         optimizer = _adam(model, opt.learning_rate, device)
     else:
@@ -629,6 +632,26 @@ def make_optimizer(
         return optimizer, None
     factor = partial(_schedule_factor, opt, steps_per_epoch, spec.epochs)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _skip_dynamo_import() -> None:
+    """Let an eager run's optimizer be built, zeroed, saved and restored without importing
+    torch._dynamo (~1.3 s, most of a fresh worker's first PyTorch job's setup). torch.optim wraps
+    those Optimizer methods in torch._disable_dynamo, which imports dynamo at their first call to
+    build the wrapper it then caches on the function (`__dynamo_disable`); outside a compiled
+    region that wrapper only calls the function, so while dynamo is not loaded the function itself
+    is cached instead. None of them runs inside a graph here: the compiled step (torch_step) writes
+    its update out, and a compiled module never calls them. The seeds' Adam (fused, constant rate:
+    torch_step.fused_adam) then never imports dynamo; Optimizer.step() still does (its
+    _use_grad), so the other optimizers and schedules pay for it at their first step."""
+    if "torch._dynamo" in sys.modules:
+        return
+    from torch.optim import Optimizer
+
+    for method in (Optimizer.add_param_group, Optimizer.zero_grad, Optimizer.state_dict, Optimizer.load_state_dict):
+        function = getattr(method, "__wrapped__", None)  # the plain function under the wrapper
+        if function is not None and getattr(function, "__dynamo_disable", None) is None:
+            setattr(function, "__dynamo_disable", function)  # what the wrapper calls from now on
 
 
 def _schedule_factor(opt: OptimizerSpec, steps_per_epoch: int, epochs: int, step: int) -> float:

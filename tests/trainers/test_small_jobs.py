@@ -6,6 +6,9 @@ before its end still resumes), and tiny PyTorch steps run on one thread."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +112,22 @@ def test_the_digits_split_is_kept_for_the_next_worker(tmp_path, monkeypatch):
         assert np.array_equal(getattr(first, name), getattr(again, name)) and getattr(again, name).dtype == getattr(
             first, name).dtype
     assert len(again.x_train) == 1437
+
+
+def test_an_eager_adam_run_and_its_resume_never_import_dynamo(tmp_path):
+    """torch._dynamo takes ~1.3 s to import: a fresh worker's first eager job (the seeds' Adam)
+    trains, checkpoints and resumes without it (torch_trainer._skip_dynamo_import)."""
+    code = (
+        "import sys, pathlib\n"
+        "from trainers import JobSpec, StopTraining, fit\n"
+        "spec = JobSpec(framework='pytorch', dataset={'name': 'digits'}, epochs=3)\n"
+        f"workdir = pathlib.Path({str(tmp_path)!r})\n"
+        "def stop_after_2(epoch, metrics):\n"
+        "    if epoch == 2: raise StopTraining('preempted')\n"
+        "try: fit(spec, workdir, stop_after_2)\n"
+        "except StopTraining: pass\n"
+        "resumed = fit(spec, workdir, lambda e, m: None)\n"
+        "assert [m.epoch for m in resumed.metrics] == [1, 2, 3]\n"
+        "assert 'torch._dynamo' not in sys.modules, 'dynamo was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

@@ -41,8 +41,10 @@ def uniform_dropout(x: torch.Tensor, rate: float) -> torch.Tensor:
     """Inverted dropout of `x` with a mask from torch's generator (the eager step's masks): float32
     uniforms, about half the time of F.dropout's bernoulli_ on CPU (measured beside it); the
     generator's state (seeded per epoch, checkpointed mid-epoch) still says every mask."""
-    keep = torch.rand(x.shape, device=x.device) >= rate
-    return x * (keep * (1.0 / (1.0 - rate))).to(x.dtype)
+    # In place on the uniforms: the float mask (1.0 kept, 0.0 dropped) then its scale, without a
+    # bool tensor and two more copies (the same values as (rand >= rate) * scale).
+    scale = torch.rand(x.shape, device=x.device).ge_(rate).mul_(1.0 / (1.0 - rate))
+    return x * scale.to(x.dtype)
 
 
 class UniformDropout(nn.Dropout):
@@ -55,8 +57,7 @@ class UniformDropout(nn.Dropout):
             return input
         if self.p == 1:
             return input.mul_(0) if self.inplace else input * 0
-        keep = torch.rand(input.shape, device=input.device) >= self.p
-        scale = (keep * (1.0 / (1.0 - self.p))).to(input.dtype)
+        scale = torch.rand(input.shape, device=input.device).ge_(self.p).mul_(1.0 / (1.0 - self.p)).to(input.dtype)
         return input.mul_(scale) if self.inplace else input * scale
 
 

@@ -378,9 +378,13 @@ def _module_step(spec: JobSpec, run: Run, forward: torch.nn.Module, world: OneDe
         gradients = partial(_gradients, forward, run.autocast, run.task, loss_fn=run.loss)
     clip_norm = spec.optimizer.clip_norm
     optimizer_step = torch_step.fused_adam(run.optimizer) or run.optimizer.step
+    # zero_grad(set_to_none=True) over a list built once: Optimizer.zero_grad's profiler record
+    # and hooks cost ~60 us a step (3% of the seeds' MLP step on 2 cores).
+    params = [p for group in run.optimizer.param_groups for p in group["params"]]
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        run.optimizer.zero_grad(set_to_none=True)
+        for p in params:
+            p.grad = None
         loss, logits = gradients(x, y)
         if clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip_norm)

@@ -181,9 +181,11 @@ class Settings(BaseSettings):
     max_code_files: int = Field(64, ge=1)
     max_code_file_bytes: int = Field(256 * 1024, ge=1024)
     max_code_unpacked_bytes: int = Field(4 * 1024**2, ge=1024)
-    # A user-code job's child process: its address space (bytes) and the largest file it may write.
+    # A user-code job's child process: its address space (bytes), the largest file it may write,
+    # and all it may hold in its job's folder at once (its files, checkpoints and artifacts).
     user_code_memory_bytes: int = Field(8 * 1024**3, ge=64 * 1024**2)
     user_code_file_bytes: int = Field(1024**3, ge=1024**2)
+    user_code_disk_bytes: int = Field(8 * 1024**3, ge=1024**2)
     # Where the API spools uploads while it validates them (default <var_dir>/uploads).
     upload_dir: Path | None = None
     # Each worker host's cache of uploaded datasets, by sha256, least recently used evicted past

@@ -119,6 +119,11 @@ def run_options():
 def _run_trainer(name, epochs, dataset, train_limit, test_limit) -> dict:
     from trainers import fit
     from trainers.spec import train_size
+    from workers.hardware import xla_cpu_flags
+
+    # XLA's flags as a cpu worker sets them (workers.hardware.pin): read when JAX's CPU backend
+    # starts, so too late in a --quick run, whose matmul probe started it in this process.
+    os.environ["XLA_FLAGS"] = xla_cpu_flags(os.environ.get("XLA_FLAGS", ""), 1)
 
     spec = trainer_spec(name, epochs, dataset, train_limit, test_limit)
     start = time.perf_counter()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -86,21 +85,6 @@ if TYPE_CHECKING:  # for annotations only: no import at run time
     from jax.stages import Compiled
 
 log = logging.getLogger(__name__)
-
-# XLA's CPU dots through Eigen rather than YNNPACK's fusions: the seeds' MLP trained ~10% faster
-# an epoch on a 2-core AMD EPYC (Zen 3), measured in turns with the default (bench/loops.py's
-# jax_trainer); the CNN's step the same. Read when the CPU backend starts, so set at import
-# (a backend already started keeps its flags); a process's own setting of the flag wins.
-EIGEN_DOTS = "--xla_cpu_experimental_ynn_fusion_type="
-
-
-def _prefer_eigen_dots() -> None:
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_experimental_ynn_fusion_type" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {EIGEN_DOTS}".strip()
-
-
-_prefer_eigen_dots()
 
 CHUNK_STEPS = 50  # steps per compiled call: long enough to hide dispatch, short enough to stop promptly
 # ...unless steps are slow (a large model): then a call runs only the steps that fit in this

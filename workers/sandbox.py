@@ -43,6 +43,11 @@ _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1, 2
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
+# The files of /etc a child may read: the dynamic loader's cache, the time zone, the user and
+# group names (getpass.getuser, which Inductor's cache folder asks), how to look them up, the
+# hosts file, the OS release and the MIME types (Python's mimetypes).
+ETC_FILES = ("ld.so.cache", "localtime", "passwd", "group", "nsswitch.conf", "hosts", "os-release", "mime.types")
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -104,7 +109,10 @@ def readable_roots(extra: Iterable[Path] = ()) -> list[Path]:
     import trainers
 
     roots = [Path(sys.base_prefix), Path(sys.prefix), Path(trainers.__file__).parent]
-    roots += [Path(p) for p in ("/usr", "/lib", "/lib64", "/bin", "/etc", "/sys", "/dev/null", "/dev/urandom")]
+    roots += [Path(p) for p in ("/usr", "/lib", "/lib64", "/bin", "/sys", "/dev/null", "/dev/urandom")]
+    # Of /etc only what the loader, the C library and Python read; not all of it: a child left as
+    # root (own_uid false) could otherwise read /etc/shadow, SSH host keys and the like.
+    roots += [Path("/etc") / name for name in ETC_FILES]
     # The one file of /proc it reads: XLA's CPU kernels (YNNPACK's cpuinfo) fail without it.
     roots.append(Path("/proc/cpuinfo"))
     roots += list(extra)

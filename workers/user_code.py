@@ -58,6 +58,13 @@ ARTIFACT_NAMES = (
 LOG_EVENT_BYTES = 256 * 1024  # of the child's output streamed as `log` events (logs.txt keeps more)
 LOG_LINE_CHARS = 4000  # a longer line is streamed in pieces of this many characters
 LOG_FLUSH_S = 1.0  # the worker stores the lines read at most this often (one row each time)
+# What stays in a user-code job's folder after its child ends: the artifacts, logs.txt and the
+# trainers' checkpoints (a job handed back resumes from them). All else the child wrote goes.
+# (The checkpoints' names are torch_checkpoint.CHECKPOINT_FILE's and jax_checkpoint.CHECKPOINT_DIR's,
+# spelled out: importing those would import the frameworks into the worker.)
+KEPT_NAMES = {*ARTIFACT_NAMES, LOG_FILE, "checkpoint.pt", "checkpoints"}
+DISK_CHECK_S = 1.0  # how often the worker adds up the folder while the child runs
+MAX_FOLDER_ENTRIES = 10_000  # files and folders a child may make in its job's folder
 START_SLACK_CPU_S = 120  # CPU seconds of the child's start (imports, data) on top of max_runtime_s
 # The child's processes and threads (its pids cgroup counts both): XLA and torch start about 4
 # threads per core of their own (a JAX job on 2 cores: 18), so the limit grows with the cores.
@@ -190,13 +197,15 @@ def _run(
     done = False
     try:
         logs = partial(_store_lines, job_id, drain)
-        result = _follow(child, os.fdopen(read_end, "rb"), hooks, workdir, settings.user_code_file_bytes, logs)
+        disk = partial(_check_folder, workdir, settings.user_code_disk_bytes)
+        result = _follow(child, os.fdopen(read_end, "rb"), hooks, workdir, settings.user_code_file_bytes, logs, disk)
         done = True
         return result
     finally:
         _kill(child, done)
         drain.join(timeout=10)
         _store_lines(job_id, drain)  # the last lines, stored before the job's end
+        _clean_folder(workdir)
         (workdir / LOG_FILE).write_bytes(drain.text())
         log.info("job %s: user code's child %d ended with %s", job_id, child.pid, child.returncode)
 
@@ -223,11 +232,13 @@ def _follow(
     workdir: Path,
     max_file_bytes: int,
     store_lines: Callable[[], None] = lambda: None,
+    check_folder: Callable[[], None] = lambda: None,
 ) -> FitResult:
-    """Read the child's messages until its result; between them, let the hooks stop the run and
-    store what it printed (`store_lines`, every LOG_FLUSH_S)."""
+    """Read the child's messages until its result; between them, let the hooks stop the run, store
+    what it printed (`store_lines`, every LOG_FLUSH_S) and check its folder (`check_folder`, every
+    DISK_CHECK_S)."""
     metrics: list[EpochMetrics] = []
-    next_flush = time.monotonic() + LOG_FLUSH_S
+    next_flush = next_check = time.monotonic()
     with channel:
         while True:
             ready, _, _ = select.select([channel], [], [], 0.25)
@@ -235,6 +246,9 @@ def _follow(
             if time.monotonic() >= next_flush:
                 store_lines()
                 next_flush = time.monotonic() + LOG_FLUSH_S
+            if time.monotonic() >= next_check:
+                check_folder()
+                next_check = time.monotonic() + DISK_CHECK_S
             if not ready:
                 continue
             line = channel.readline(MAX_LINE_BYTES)
@@ -252,6 +266,41 @@ def _follow(
                 return _result(message, metrics, workdir, max_file_bytes)
             else:
                 raise UserCodeFailed(f"the child process sent an unknown message type {str(kind)[:40]!r}")
+
+
+def _check_folder(workdir: Path, max_bytes: int) -> None:
+    """UserCodeFailed when the job's folder holds more than `max_bytes` (TRAINHUB_USER_CODE_DISK_BYTES)
+    or MAX_FOLDER_ENTRIES files and folders; the job's own code and data copies do not count."""
+    total, entries = 0, 0
+    pending = [entry for entry in os.scandir(workdir) if entry.name not in (CODE_FOLDER, DATA_FOLDER)]
+    while pending:
+        entry = pending.pop()
+        entries += 1
+        if entries > MAX_FOLDER_ENTRIES:
+            raise UserCodeFailed(f"it made more than {MAX_FOLDER_ENTRIES:,} files and folders in its job's folder")
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                pending.extend(os.scandir(entry.path))
+            else:
+                total += entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:  # removed by the child meanwhile
+            continue
+        if total > max_bytes:
+            raise UserCodeFailed(
+                f"its files in the job's folder passed the limit of {max_bytes:,} bytes (TRAINHUB_USER_CODE_DISK_BYTES)"
+            )
+
+
+def _clean_folder(workdir: Path) -> None:
+    """Remove what the child left in the job's folder but KEPT_NAMES (its artifacts, logs and the
+    trainers' checkpoints): files it wrote, its temp folder and caches, the job's code and data copies."""
+    for entry in os.scandir(workdir):
+        if entry.name in KEPT_NAMES and not entry.is_symlink():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            Path(entry.path).unlink(missing_ok=True)
 
 
 def _parse(line: bytes) -> dict[str, Any]:

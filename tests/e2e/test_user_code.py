@@ -99,6 +99,11 @@ HOSTILE = textwrap.dedent('''
             f.read(10)
 
 
+    def secrets(input_shape, num_classes):
+        with open("/etc/shadow", "rb") as f:
+            f.read(10)
+
+
     def database(input_shape, num_classes):
         socket.create_connection(("127.0.0.1", 5432), timeout=5)
 
@@ -116,6 +121,14 @@ HOSTILE = textwrap.dedent('''
 
     def sleeper(input_shape, num_classes):
         time.sleep(600)
+
+
+    def full_disk(input_shape, num_classes):
+        for i in range(3):  # each file under the file limit, together past the folder's
+            with open(f"part{i}.bin", "wb") as f:
+                for _ in range(60):
+                    f.write(b"0" * (1 << 20))
+        time.sleep(60)  # the worker adds up the folder every second
 ''')
 
 
@@ -128,6 +141,7 @@ def code_service(database_url, redis_url, tmp_path_factory):
         tmp_path_factory.mktemp("usercode"),
         allow_user_code="1",
         user_code_file_bytes=str(64 * 1024**2),
+        user_code_disk_bytes=str(96 * 1024**2),
     ) as svc:
         yield svc
 
@@ -173,6 +187,7 @@ def test_a_torch_module_trains_on_digits_and_hostile_code_is_contained(code_serv
             "environment": ({}, "LookupError: found {}"),
             "other_job": ({"kwargs": {"path": str(weights)}}, "PermissionError"),
             "database": ({}, "PermissionError"),
+            "secrets": ({}, "PermissionError"),
             "memory": ({}, "MemoryError"),
             "huge_file": ({}, "File too large"),
         }
@@ -187,6 +202,16 @@ def test_a_torch_module_trains_on_digits_and_hostile_code_is_contained(code_serv
 
         slept = client.wait(client.submit(job(hostile, "hostile:sleeper", max_runtime_s=3))["id"], timeout_s=300)
         assert (slept["status"], slept["error"]["type"]) == ("failed", "timeout"), slept
+        full = client.wait(client.submit(job(hostile, "hostile:full_disk"))["id"], timeout_s=300)
+        assert (full["status"], full["error"]["type"]) == ("failed", "user_code_error"), full
+        assert "TRAINHUB_USER_CODE_DISK_BYTES" in full["error"]["message"]
+
+        # What a job's child wrote beside its artifacts (files, its temp folder, the code and data
+        # copies) is gone once it ended, whether it succeeded or failed.
+        kept = {"weights.safetensors", "state_dict.pt", "metrics.json", "spec.json", "preprocessing.json",
+                "logs.txt", "checkpoint.pt"}
+        for ended in (trained, full):
+            assert {p.name for p in (code_service.artifact_dir / ended["id"]).iterdir()} <= kept, ended["id"]
 
         # Nothing outside the jobs' own folders changed, and the worker still serves.
         assert weights.exists()

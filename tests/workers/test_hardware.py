@@ -142,7 +142,8 @@ def test_trainhub_worker_gpu_exits_nonzero_on_a_host_without_one():
 def test_a_cpu_worker_counted_as_two_devices_serves_the_two_device_queues(services_env):
     result, done = run_worker(["--hardware", "cpu", "--devices", "0,1", "--cpu-devices", "2"], services_env)
     assert result["rc"] == 0, done.stderr[-3000:]
-    assert result["seen"]["jax"]["env"]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+    assert result["seen"]["jax"]["env"]["XLA_FLAGS"].split() == [
+        "--xla_force_host_platform_device_count=2", "--xla_cpu_experimental_ynn_fusion_type="]
     assert "--queues=cpu.jax,cpu.jax.x2,cpu.pytorch,cpu.pytorch.x2" in result["worker_argv"]
     [row] = result["heartbeat_rows"]["while_serving"]
     assert row["devices"] == ["cpu:0", "cpu:1"]
@@ -168,3 +169,14 @@ def test_pin_refuses_to_come_after_a_framework_import():
 
     with pytest.raises(RuntimeError, match="before jax"):
         pin("gpu", [0])
+
+
+def test_a_cpu_workers_xla_flags_keep_the_operators_own():
+    from workers.hardware import EIGEN_DOTS, xla_cpu_flags
+
+    assert xla_cpu_flags("", 1) == EIGEN_DOTS
+    assert xla_cpu_flags("--xla_force_host_platform_device_count=4 --foo", 2).split() == [
+        "--foo", "--xla_force_host_platform_device_count=2", EIGEN_DOTS]
+    # An operator's own choice of YNNPACK fusions wins.
+    own = "--xla_cpu_experimental_ynn_fusion_type=default"
+    assert xla_cpu_flags(own, 1) == own

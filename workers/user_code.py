@@ -147,6 +147,7 @@ def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Pat
         if group is not None:  # what it left behind, daemons too, dies with the job
             peak = group.destroy()
             log.info("job %s: its pids cgroup held at most %s of %d tasks", job_id, peak, limits.processes)
+        _clean_folder(workdir)  # once nothing of the child's can write there any more
 
 
 def _run(
@@ -205,7 +206,6 @@ def _run(
         _kill(child, done)
         drain.join(timeout=10)
         _store_lines(job_id, drain)  # the last lines, stored before the job's end
-        _clean_folder(workdir)
         (workdir / LOG_FILE).write_bytes(drain.text())
         log.info("job %s: user code's child %d ended with %s", job_id, child.pid, child.returncode)
 

@@ -62,7 +62,8 @@ LOG_FLUSH_S = 1.0  # the worker stores the lines read at most this often (one ro
 # trainers' checkpoints (a job handed back resumes from them). All else the child wrote goes.
 # (The checkpoints' names are torch_checkpoint.CHECKPOINT_FILE's and jax_checkpoint.CHECKPOINT_DIR's,
 # spelled out: importing those would import the frameworks into the worker.)
-KEPT_NAMES = {*ARTIFACT_NAMES, LOG_FILE, "checkpoint.pt", "checkpoints"}
+KEPT_NAMES = {*ARTIFACT_NAMES, LOG_FILE, "checkpoint.pt"}
+CHECKPOINT_DIR = "checkpoints"  # a JAX job's
 DISK_CHECK_S = 1.0  # how often the worker adds up the folder while the child runs
 MAX_FOLDER_ENTRIES = 10_000  # files and folders a child may make in its job's folder
 START_SLACK_CPU_S = 120  # CPU seconds of the child's start (imports, data) on top of max_runtime_s
@@ -147,7 +148,7 @@ def fit(job_id: str, spec: JobSpec, workdir: Path, hooks: Any, dataset_file: Pat
         if group is not None:  # what it left behind, daemons too, dies with the job
             peak = group.destroy()
             log.info("job %s: its pids cgroup held at most %s of %d tasks", job_id, peak, limits.processes)
-        _clean_folder(workdir)  # once nothing of the child's can write there any more
+        _clean_folder(workdir, spec.framework)  # once nothing of the child's can write there any more
 
 
 def _run(
@@ -198,7 +199,12 @@ def _run(
     done = False
     try:
         logs = partial(_store_lines, job_id, drain)
-        disk = partial(_check_folder, workdir, settings.user_code_disk_bytes)
+        # The job's code and data copies (the worker's) are allowed on top of the limit; all the
+        # folder holds counts, so writing into their folders does not escape it.
+        copied = sum(p.stat().st_size for p in code_dir.rglob("*") if p.is_file()) + (
+            data.stat().st_size if data else 0
+        )
+        disk = partial(_check_folder, workdir, settings.user_code_disk_bytes + copied)
         result = _follow(child, os.fdopen(read_end, "rb"), hooks, workdir, settings.user_code_file_bytes, logs, disk)
         done = True
         return result
@@ -269,10 +275,10 @@ def _follow(
 
 
 def _check_folder(workdir: Path, max_bytes: int) -> None:
-    """UserCodeFailed when the job's folder holds more than `max_bytes` (TRAINHUB_USER_CODE_DISK_BYTES)
-    or MAX_FOLDER_ENTRIES files and folders; the job's own code and data copies do not count."""
+    """UserCodeFailed when the job's folder holds more than `max_bytes` (TRAINHUB_USER_CODE_DISK_BYTES
+    plus the job's code and data copies) or MAX_FOLDER_ENTRIES files and folders."""
     total, entries = 0, 0
-    pending = [entry for entry in os.scandir(workdir) if entry.name not in (CODE_FOLDER, DATA_FOLDER)]
+    pending = list(os.scandir(workdir))
     while pending:
         entry = pending.pop()
         entries += 1
@@ -291,11 +297,15 @@ def _check_folder(workdir: Path, max_bytes: int) -> None:
             )
 
 
-def _clean_folder(workdir: Path) -> None:
+def _clean_folder(workdir: Path, framework: str) -> None:
     """Remove what the child left in the job's folder but KEPT_NAMES (its artifacts, logs and the
-    trainers' checkpoints): files it wrote, its temp folder and caches, the job's code and data copies."""
+    trainers' checkpoints) as the trainers write them: plain files, and for a JAX job the folder of
+    Orbax's checkpoints (kept as written: within the folder's byte limit while it ran). Gone: files it
+    wrote, its temp folder and caches, the job's code and data copies."""
     for entry in os.scandir(workdir):
-        if entry.name in KEPT_NAMES and not entry.is_symlink():
+        if entry.name == CHECKPOINT_DIR and framework == "jax" and entry.is_dir(follow_symlinks=False):
+            continue
+        if entry.name in KEPT_NAMES and entry.is_file(follow_symlinks=False):
             continue
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)

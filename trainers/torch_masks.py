@@ -41,10 +41,13 @@ def uniform_dropout(x: torch.Tensor, rate: float) -> torch.Tensor:
     """Inverted dropout of `x` with a mask from torch's generator (the eager step's masks): float32
     uniforms, about half the time of F.dropout's bernoulli_ on CPU (measured beside it); the
     generator's state (seeded per epoch, checkpointed mid-epoch) still says every mask."""
-    # In place on the uniforms: the float mask (1.0 kept, 0.0 dropped) then its scale, without a
-    # bool tensor and two more copies (the same values as (rand >= rate) * scale).
-    scale = torch.rand(x.shape, device=x.device).ge_(rate).mul_(1.0 / (1.0 - rate))
-    return x * scale.to(x.dtype)
+    return x * _kept_scale(x, rate)
+
+
+def _kept_scale(x: torch.Tensor, rate: float) -> torch.Tensor:
+    """1 / (1 - rate) where an element is kept, 0 where dropped, shaped and typed as `x`. In place
+    on the uniforms: no bool tensor and two more copies (the values of (rand >= rate) * scale)."""
+    return torch.rand(x.shape, device=x.device).ge_(rate).mul_(1.0 / (1.0 - rate)).to(x.dtype)
 
 
 class UniformDropout(nn.Dropout):
@@ -57,7 +60,7 @@ class UniformDropout(nn.Dropout):
             return input
         if self.p == 1:
             return input.mul_(0) if self.inplace else input * 0
-        scale = torch.rand(input.shape, device=input.device).ge_(self.p).mul_(1.0 / (1.0 - self.p)).to(input.dtype)
+        scale = _kept_scale(input, self.p)
         return input.mul_(scale) if self.inplace else input * scale
 
 

@@ -60,6 +60,25 @@ def test_a_users_dropout_gets_uniform_masks_of_the_same_rate(inplace):
     assert torch.equal(model[1](torch.ones(3, 3)), torch.ones(3, 3))
 
 
+def test_a_user_module_trained_eagerly_on_the_cpu_gets_uniform_dropout(digits_spec):
+    from torch import nn
+
+    from trainers.base import RunOptions
+    from trainers.torch_trainer import OneDevice, prepare
+    from trainers.user_code import UserModel
+
+    def build(input_shape, num_classes):
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Dropout(0.2), nn.Linear(8, num_classes))
+
+    model = {"code": "code_" + "0" * 32, "entrypoint": "m:build"}
+    options = RunOptions(user_model=UserModel(build))
+    cpu = OneDevice(torch.device("cpu"))
+    eager = prepare(digits_spec("pytorch", model=model), cpu, options)
+    compiled = prepare(digits_spec("pytorch", model=model, compile=True), cpu, options)
+    assert type(eager.model[2]) is UniformDropout
+    assert type(compiled.model[2]) is torch.nn.Dropout  # compiled: Inductor draws its own masks
+
+
 def test_the_hash_is_a_bijection_on_a_range():
     values = hash32(torch.arange(-(2**16), 2**16, dtype=torch.int32))
     assert torch.unique(values).numel() == 2**17

@@ -4,7 +4,11 @@ Both runs start from the same weights (`common.init_params`) and see the same ba
 (`common.epoch_batches`), so with dropout off they differ only by float32 rounding: XLA and
 ATen sum the matmuls in other orders. The check:
 
-1. the first step's loss — the same weights on the same batch — agrees to FIRST_STEP_ATOL;
+1. the first step's loss — the same weights on the same batch — agrees to FIRST_STEP_RTOL of its
+   size (of 1 for a loss below 1). Deep nets round more: resnet8's first loss (4.24 on
+   Fashion-MNIST) differed by 6e-6 of itself between XLA's Eigen convolutions and oneDNN's, the
+   seeds' MLP by under 5e-6; a different model (padding, a norm's epsilon, a missing bias) moves it
+   by far more;
 2. each epoch's mean training loss agrees to EPOCH_LOSS_RTOL (relative). Rounding differences
    grow as training goes on: measured here on the seeds' MLP, 0.2% after one epoch of
    Fashion-MNIST and 0.36% after three, 0.04% after ten epochs of digits. 2% leaves room for
@@ -29,7 +33,7 @@ import numpy as np
 from trainers.common import forward
 from trainers.layers import Layer
 
-FIRST_STEP_ATOL = 1e-5
+FIRST_STEP_RTOL = 2e-5
 EPOCH_LOSS_RTOL = 0.02
 PREDICTION_AGREEMENT = 0.95
 PREDICTION_RMS_TOLERANCE = 0.05
@@ -63,8 +67,7 @@ def check(
     targets). Returns {"passed": bool, "checks": [...], "message": str}."""
     checks = []
     if dropout == 0:
-        first_diff = abs(jax_run["first_step_loss"] - torch_run["first_step_loss"])
-        checks.append(_check("first step loss", first_diff, FIRST_STEP_ATOL, "absolute difference"))
+        checks.append(_first_step_check(jax_run["first_step_loss"], torch_run["first_step_loss"]))
         rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(jax_run["train_losses"], torch_run["train_losses"])]
         checks.append(_check("epoch train loss", max(rel, default=0.0), EPOCH_LOSS_RTOL, "largest relative difference"))
     if task == "regression":
@@ -119,6 +122,11 @@ def _regression_agreement(
     )
 
 
+def _first_step_check(jax_loss: float, torch_loss: float) -> dict:
+    difference = abs(jax_loss - torch_loss) / max(abs(torch_loss), 1.0)
+    return _check("first step loss", difference, FIRST_STEP_RTOL, "difference relative to the loss (to 1 below 1)")
+
+
 def _check(name: str, value: float, tolerance: float, measure: str) -> dict:
     passed = math.isfinite(value) and value <= tolerance
     # JSON has no NaN: a value that is not a number is stored as null (and fails the check).
@@ -156,8 +164,7 @@ def check_user_code(jax_run: dict, torch_run: dict, *, shared_init: bool, task: 
     checks = []
     same_start = shared_init and compatible
     if same_start:
-        first_diff = abs(jax_run["first_step_loss"] - torch_run["first_step_loss"])
-        checks.append(_check("first step loss", first_diff, FIRST_STEP_ATOL, "absolute difference"))
+        checks.append(_first_step_check(jax_run["first_step_loss"], torch_run["first_step_loss"]))
         rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(jax_run["train_losses"], torch_run["train_losses"])]
         checks.append(_check("epoch train loss", max(rel, default=0.0), EPOCH_LOSS_RTOL, "largest relative difference"))
     if task == "regression":

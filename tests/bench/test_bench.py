@@ -24,7 +24,7 @@ from trainers.spec import flops_per_example, model_plan
 LOOPS = ["jax_seed", "jax_trainer", "torch_seed", "torch_seed_tensor", "torch_trainer", "torch_compile"]
 
 
-# Under 2 min on a quiet machine (the scale row included); PyTorch slows 10x or more when the cores are shared.
+# Under 2 min on a quiet machine; PyTorch slows 10x or more when the cores are shared.
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -38,8 +38,8 @@ def quick(database_url, redis_url, tmp_path_factory, repo_root):
     forget_unfinished_jobs(database_url)
     out = tmp_path_factory.mktemp("bench") / "results.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(out),
-         "--database-url", database_url, "--scale-database-url", database_url, "--redis-url", redis_url],
+        [sys.executable, "-m", "bench", "--quick", "--skip-scale", "--out", str(out),
+         "--database-url", database_url, "--redis-url", redis_url],
         cwd=repo_root, capture_output=True, text=True, timeout=780,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -60,15 +60,14 @@ def test_quick_run_measures_every_part(quick):
         assert len(loop["rounds"][0]["epoch_times"]) == results["config"]["epochs"], name
     assert set(results["linearity"]) == {"jax", "pytorch"}
     assert all(lin["ratio"] > 0 for lin in results["linearity"].values())
-    # Every criterion was judged (nothing skipped: the services were there) and is printed.
+    # Every criterion was judged (nothing skipped: the services were there) and is printed, but
+    # the scale row's: tests/bench/test_scale.py runs that row alone (here --skip-scale).
     assert len(results["criteria"]) >= 17
-    assert all(c["passed"] in (True, False) for c in results["criteria"]), results["criteria"]
     for c in results["criteria"]:
+        assert c["passed"] in ((None,) if c["name"].startswith("scale: ") else (True, False)), c
         assert f"] {c['name']}: " in stdout
+    assert results["scale"] == {"skipped": "--skip-scale"}
     assert "steady s" in stdout and "submit->done" in stdout
-    # The scale row (tests/bench/test_scale.py looks at it closely): both toy sizes, the streams.
-    assert [size["jobs"] for size in results["scale"]["sizes"]] == list(results["config"]["scale_sizes"])
-    assert results["scale"]["streams"]["opened"]["open"] == results["config"]["scale_streams"]
     # The CNN rows: both trainers on the same CNN, with its own floor.
     cnn = results["cnn"]
     assert set(cnn["loops"]) == {"jax_cnn", "torch_cnn"} and cnn["floor"]["floor_s"] > 0

@@ -19,7 +19,7 @@ def test_comparison_on_digits_passes_parity_and_fills_the_table(service):
     parity = comparison["parity"]
     assert parity["passed"], parity
     checks = {c["name"]: c for c in parity["checks"]}
-    assert checks["first step loss"]["value"] <= 1e-5
+    assert checks["first step loss"]["value"] <= 2e-5
     assert checks["epoch train loss"]["value"] <= 0.02
     assert checks["test predictions agree"]["value"] >= 0.95
     rows = {row["metric"]: row for row in comparison["table"]}

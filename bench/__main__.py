@@ -699,8 +699,10 @@ def main(argv: list[str] | None = None) -> int:
         best = max(probes, key=lambda p: p["gflops"])
         samples = (config.train_limit or 60000) if config.dataset in ("fashion-mnist", "mnist") else config.train_limit
         flops = flops_model.mlp_flops_per_epoch(samples)
+        # The step's matmuls at the MLP's shapes: the fastest each framework ran them in any probe.
+        step_ms = {fw: min(p["step_matmuls_ms"][fw] for p in probes) for fw in ("torch", "jax")}
         results["machine"] = {"matmul_gflops": best["gflops"], "matmul_by_framework": best["by_framework"],
-                              "probes": probes}
+                              "step_matmuls_ms": step_ms, "probes": probes}
         results["floor"] = {**flops, "floor_s": flops_model.floor_s(flops["flops"], best["gflops"]),
                             "floor_needed_s": flops_model.floor_s(flops["flops_needed"], best["gflops"])}
         if "cnn" in results:
@@ -751,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
         f"model {results['floor']['flops'] / 1e9:.1f} GFLOP/epoch (6 x MACs x {results['floor']['samples']} samples; "
         f"{results['floor']['flops_needed'] / 1e9:.1f} without the unused input gradient); "
         f"floor {results['floor']['floor_s']:.3f} s/epoch",
+        report.step_matmuls_line(results),
         "steady s = median of epochs 2..n (a job's steady_epoch_s), best of the rounds; "
         "the seeds compile inside their first epoch, the trainers before it (compile s)",
         "",

@@ -167,7 +167,55 @@ def matmul_rate(sizes=(2048, 3072), repeats: int = 3) -> dict:
         rates["torch"][str(n)] = 2 * n**3 / best_torch / 1e9
         rates["jax"][str(n)] = 2 * n**3 / best_jax / 1e9
     best = max(max(r.values()) for r in rates.values())
-    return {"gflops": best, "by_framework": rates}
+    return {"gflops": best, "by_framework": rates, "step_matmuls_ms": step_matmuls_ms()}
+
+
+def step_matmuls_ms(batch: int = 128, layers: tuple[int, ...] = (784, 256, 128, 10), steps: int = 100,
+                    repeats: int = 3) -> dict[str, float]:
+    """ms a step of the matmuls alone of the seeds' MLP's train step, at its shapes, in torch and in
+    JAX (best of `repeats` runs of `steps` steps): each layer's forward [B, in] @ [in, out] and
+    weight gradient [in, B] @ [B, out], and the input gradient [B, out] @ [out, in] of every layer
+    but the first. How fast each framework's matmuls run at a batch of 128, where they fall short of
+    the large matmuls the floor's rate comes from: the trainers cannot beat this."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    rng = np.random.default_rng(0)
+    weights = [rng.random((n_in, n_out), dtype=np.float32) * 0.01 for n_in, n_out in zip(layers, layers[1:])]
+    x = rng.random((batch, layers[0]), dtype=np.float32)
+
+    def step(mm, t, ws, x):
+        acts = [x]
+        for w in ws:
+            acts.append(mm(acts[-1], w))
+        grad = acts[-1]
+        out = []
+        for i in reversed(range(len(ws))):
+            out.append(mm(t(acts[i]), grad))  # the weight's gradient
+            if i:
+                grad = mm(grad, t(ws[i]))  # the layer's input gradient
+        return sum(o[0, 0] for o in out) * 1e-9
+
+    @jax.jit
+    def jax_steps(ws, x):
+        def body(carry, _):
+            return carry + step(jnp.matmul, jnp.transpose, ws, x + carry), None
+        return jax.lax.scan(body, jnp.float32(0), None, length=steps)[0]
+
+    tws, tx = [torch.from_numpy(w) for w in weights], torch.from_numpy(x)
+    jws, jx = [jax.device_put(w) for w in weights], jax.device_put(x)
+    jax_steps(jws, jx).block_until_ready()
+    best = {"torch": float("inf"), "jax": float("inf")}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(torch.mm, torch.t, tws, tx)
+        best["torch"] = min(best["torch"], time.perf_counter() - start)
+        start = time.perf_counter()
+        jax_steps(jws, jx).block_until_ready()
+        best["jax"] = min(best["jax"], time.perf_counter() - start)
+    return {name: seconds / steps * 1e3 for name, seconds in best.items()}
 
 
 def steady(epoch_times: list[float]) -> float:

@@ -61,13 +61,30 @@ class Criterion:
         return asdict(self)
 
 
-def floor_criterion(label: str, steady_s: float | None, floor_s: float | None, limit: float) -> Criterion:
+def floor_criterion(label: str, steady_s: float | None, floor_s: float | None, limit: float,
+                    note: str = "") -> Criterion:
     """A steady epoch (s) against a floor (s): passed when steady_s <= limit x floor_s."""
     if steady_s is None or not floor_s:
         return Criterion(label, f"<= {limit:g} x floor", "not measured", None)
     return Criterion(label, f"<= {limit:g} x floor",
                      f"{steady_s:.3f} s vs floor {floor_s:.3f} s = {steady_s / floor_s:.2f} x",
-                     steady_s / floor_s <= limit)
+                     steady_s / floor_s <= limit, note)
+
+
+def step_matmuls_s(results: dict) -> dict[str, float]:
+    """{"torch"|"jax": seconds an epoch} of the MLP step's matmuls alone (bench.loops.step_matmuls_ms
+    x the epoch's steps of 128); empty for a results file from before the probe."""
+    step_ms = results.get("machine", {}).get("step_matmuls_ms") or {}
+    steps = results.get("floor", {}).get("samples", 0) // 128
+    return {fw: ms * steps / 1e3 for fw, ms in step_ms.items()}
+
+
+def step_matmuls_line(results: dict) -> str:
+    alone, floor_s = step_matmuls_s(results), results["floor"]["floor_s"]
+    if not alone:
+        return "the step's matmuls alone: not measured"
+    return ("the step's matmuls alone (batch 128, bench.loops.step_matmuls_ms): " + ", ".join(
+        f"{fw} {s:.3f} s/epoch = {s / floor_s:.2f} x floor" for fw, s in sorted(alone.items(), reverse=True)))
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -100,9 +117,15 @@ def criteria(results: dict) -> list[Criterion]:
     ratio_criterion("jax_trainer", JAX_VS_SEED, "JAX trainer steady epoch vs seeds' JAX loop")
     ratio_criterion("torch_trainer", TORCH_EAGER_VS_SEED, "PyTorch trainer (eager) steady epoch vs seed")
     ratio_criterion("torch_compile", TORCH_COMPILE_VS_SEED, "PyTorch trainer (compile) steady epoch vs seed")
+    alone = step_matmuls_s(results)
     for name, limit in FLOOR_LIMITS.items():
+        framework = "jax" if name.startswith("jax") else "torch"
+        mine = steady(name)
+        note = "" if mine is None or framework not in alone else (
+            f"the step's matmuls alone take {alone[framework]:.3f} s an epoch in {framework} "
+            f"({alone[framework] / floor_s:.2f} x floor): this loop is {mine / alone[framework]:.2f} x them")
         out.append(floor_criterion(f"{LOOP_TITLES[name].removeprefix('trainhub ')} steady epoch vs floor",
-                                   steady(name), floor_s, limit))
+                                   mine, floor_s, limit, note))
     eager, compiled = steady("torch_trainer"), steady("torch_compile")
     out.append(Criterion(
         "PyTorch trainer with compile faster than eager", "compile < eager",

@@ -52,6 +52,10 @@ def test_quick_run_measures_every_part(quick):
 
     assert results["quick"] is True
     assert results["machine"]["matmul_gflops"] > 0
+    # the MLP step's matmuls alone in each framework, set against the floor in the table's header
+    assert set(results["machine"]["step_matmuls_ms"]) == {"torch", "jax"}
+    assert all(ms > 0 for ms in results["machine"]["step_matmuls_ms"].values())
+    assert "the step's matmuls alone (batch 128" in stdout and "x floor" in stdout
     assert results["floor"]["floor_s"] > 0
     for name in LOOPS:
         loop = results["loops"][name]
@@ -378,6 +382,18 @@ def test_verdicts_pass_fail_and_not_measured():
     assert any(line.startswith("[SKIP] service overhead") for line in lines)
     assert any("no database" in line for line in lines)
 
+
+def test_floor_verdicts_say_how_far_each_loop_is_from_its_frameworks_own_matmuls():
+    results = {"floor": {"floor_s": 0.25, "samples": 60000},
+               "machine": {"step_matmuls_ms": {"torch": 0.64, "jax": 0.8}},  # 0.3 s and 0.375 s an epoch
+               "loops": {"jax_trainer": _loop(0.45, 0.88), "torch_trainer": _loop(0.75, 0.88)}}
+    notes = {c.name: c.note for c in report.criteria(results)}
+
+    assert notes["JAX trainer (scan, AOT) steady epoch vs floor"] == (
+        "the step's matmuls alone take 0.374 s an epoch in jax (1.50 x floor): this loop is 1.20 x them")
+    assert "in torch (1.20 x floor): this loop is 2.50 x them" in notes["PyTorch trainer, eager steady epoch vs floor"]
+    assert notes["PyTorch trainer, compile steady epoch vs floor"] == ""  # not measured
+    assert "torch 0.300 s/epoch = 1.20 x floor, jax 0.374 s/epoch = 1.50 x floor" in report.step_matmuls_line(results)
 
 @pytest.mark.e2e
 def test_quick_run_judges_the_small_jobs_and_cold_start_rows(quick):

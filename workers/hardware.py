@@ -59,6 +59,10 @@ def pin(hardware: str, devices: list[int] | None, cpu_devices: int = 1) -> None:
         # A cpu worker must never grab a GPU by accident.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ["JAX_PLATFORMS"] = "cpu"
+        # Inductor's CPU code is C++, never Triton; yet torch's CUDA build imports triton and hashes
+        # it for a cache key the CPU path then drops (~0.35 s of a fresh worker's first "compile"
+        # job, its FX graph cache warm). Unimportable here, Inductor sees no Triton.
+        sys.modules.setdefault("triton", None)  # type: ignore[arg-type]
 
 
 # XLA's CPU dots through Eigen rather than YNNPACK's fusions: the JAX trainer's MLP epoch ran ~10%

@@ -625,7 +625,7 @@ def make_optimizer(
     """
     opt = spec.optimizer
     if not spec.compile:
-        _skip_dynamo_import()
+        skip_dynamo_import()
     if opt.name == "adam" and not opt.weight_decay:
         optimizer = _adam(model, opt.learning_rate, device)
     else:
@@ -638,7 +638,7 @@ def make_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _skip_dynamo_import() -> None:
+def skip_dynamo_import() -> None:
     """Let an eager run's optimizer be built, zeroed, saved and restored without importing
     torch._dynamo (~1.3 s, most of a fresh worker's first PyTorch job's setup). torch.optim wraps
     those Optimizer methods in torch._disable_dynamo, which imports dynamo at their first call to

@@ -2,7 +2,7 @@
 what their first job would import on top (JAX's CPU client; PyTorch's trainer and optimizer),
 so that job starts training without waiting for them.
 
-Not torch._dynamo (~1.3 s): an eager job never needs it (torch_trainer._skip_dynamo_import), and
+Not torch._dynamo (~1.3 s): an eager job never needs it (torch_trainer.skip_dynamo_import), and
 a job that arrived during the warm-up would wait for all of it (the import lock); a "compile"
 job imports it.
 
@@ -56,7 +56,7 @@ def _warm(framework: str) -> None:
 
         from trainers import torch_trainer
 
-        torch_trainer._skip_dynamo_import()
+        torch_trainer.skip_dynamo_import()
         torch.optim.Adam([torch.zeros(1, requires_grad=True)], fused=True)
 
 

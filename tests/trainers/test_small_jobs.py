@@ -116,7 +116,7 @@ def test_the_digits_split_is_kept_for_the_next_worker(tmp_path, monkeypatch):
 
 def test_an_eager_adam_run_and_its_resume_never_import_dynamo(tmp_path):
     """torch._dynamo takes ~1.3 s to import: a fresh worker's first eager job (the seeds' Adam)
-    trains, checkpoints and resumes without it (torch_trainer._skip_dynamo_import)."""
+    trains, checkpoints and resumes without it (torch_trainer.skip_dynamo_import)."""
     code = (
         "import sys, pathlib\n"
         "from trainers import JobSpec, StopTraining, fit\n"

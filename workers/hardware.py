@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ def pin(hardware: str, devices: list[int] | None, cpu_devices: int = 1) -> None:
         # it for a cache key the CPU path then drops (~0.35 s of a fresh worker's first "compile"
         # job, its FX graph cache warm). Unimportable here, Inductor sees no Triton.
         sys.modules.setdefault("triton", None)  # type: ignore[arg-type]
+        # ...which torch's flop counter would then warn about, once, at the first compile job.
+        logging.getLogger("torch.utils.flop_counter").setLevel(logging.ERROR)
 
 
 # XLA's CPU dots through Eigen rather than YNNPACK's fusions: the JAX trainer's MLP epoch ran ~10%

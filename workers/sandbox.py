@@ -164,6 +164,9 @@ def _restrict(abi: int, workdir: Path, readable: list[Path]) -> None:
     try:
         for path in readable:
             _allow(ruleset, path, _READ & handled_fs)
+        # Output thrown away (subprocess.DEVNULL, a shell's `> /dev/null`): Inductor's C++ builds
+        # for a user module's "compile" write there.
+        _allow(ruleset, Path(os.devnull), _FILE_RIGHTS & ~_EXECUTE & handled_fs)
         _allow(ruleset, workdir, handled_fs)
         if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")

@@ -109,7 +109,7 @@ def readable_roots(extra: Iterable[Path] = ()) -> list[Path]:
     import trainers
 
     roots = [Path(sys.base_prefix), Path(sys.prefix), Path(trainers.__file__).parent]
-    roots += [Path(p) for p in ("/usr", "/lib", "/lib64", "/bin", "/sys", "/dev/null", "/dev/urandom")]
+    roots += [Path(p) for p in ("/usr", "/lib", "/lib64", "/bin", "/sys", "/dev/urandom")]
     # Of /etc only what the loader, the C library and Python read; not all of it: a child left as
     # root (own_uid false) could otherwise read /etc/shadow, SSH host keys and the like.
     roots += [Path("/etc") / name for name in ETC_FILES]
@@ -164,8 +164,8 @@ def _restrict(abi: int, workdir: Path, readable: list[Path]) -> None:
     try:
         for path in readable:
             _allow(ruleset, path, _READ & handled_fs)
-        # Output thrown away (subprocess.DEVNULL, a shell's `> /dev/null`): Inductor's C++ builds
-        # for a user module's "compile" write there.
+        # /dev/null read and written (subprocess.DEVNULL, a shell's `> /dev/null`): Inductor's C++
+        # builds for a user module's "compile" throw their output there.
         _allow(ruleset, Path(os.devnull), _FILE_RIGHTS & ~_EXECUTE & handled_fs)
         _allow(ruleset, workdir, handled_fs)
         if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:

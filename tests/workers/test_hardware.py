@@ -185,7 +185,8 @@ def test_a_cpu_workers_xla_flags_keep_the_operators_own():
 
 def test_a_cpu_worker_never_imports_triton():
     """Inductor's CPU backend needs no Triton; importing and hashing it cost ~0.35 s of a first
-    compile. Pinned to cpu, torch and Inductor see none (and compile still works: test_compile)."""
+    compile. Pinned to cpu, torch and Inductor see none (compile jobs still run on such workers: the
+    quick bench's service and cold-start rows, tests/bench/test_bench.py)."""
     code = (
         "from workers.hardware import pin\n"
         "pin('cpu', None)\n"

@@ -22,6 +22,7 @@ subprocess.run(["true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, c
 subprocess.run(["sh", "-c", "echo discarded > /dev/null"], check=True)
 with open("/dev/null", "w") as sink:
     sink.write("discarded")
+assert open("/dev/null").read() == ""
 pathlib.Path("mine.txt").write_text("kept")
 for path in (pathlib.Path(sys.argv[1]) / "outside.txt", pathlib.Path("/tmp") / "outside.txt"):
     try:

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from sqlalchemy import bindparam, delete, func, insert, or_, select, union_all
+from sqlalchemy import bindparam, delete, func, insert, or_, select, text, union_all
 from sqlalchemy.orm import Session
 
 from app import retention
 from app.config import Settings, get_settings
 from app.keys import Caller
-from app.models import ApiKey, Job, RejectedSubmission, utcnow
+from app.models import Job, RejectedSubmission, utcnow
 from app.status import JobStatus
 from trainers.spec import PRIORITIES, TrainingSpec, memory_estimate, parameter_count, test_size, train_size
 
@@ -249,9 +249,12 @@ def apply_limits(spec: TrainingSpec, settings: Settings | None = None, caller: C
 # Built once: every POST /jobs runs them, and building a statement costs more than running it.
 _QUEUED = Job.status == JobStatus.QUEUED.value
 _RECENT = Job.created_at > bindparam("since")
-# FOR NO KEY UPDATE: it excludes the other requests' quota locks but not the KEY SHARE lock each
-# INSERT of a job takes on its key (the foreign key check), which FOR UPDATE would deadlock with.
-_LOCK_KEY = select(ApiKey.id).where(ApiKey.id == bindparam("owner_id")).with_for_update(key_share=True)
+# PostgreSQL: an advisory lock named after the key (migration 0024 takes the same one), not a lock
+# on its row, which each INSERT of a job share-locks (the foreign key check).
+_ADVISORY_LOCK_KEY = text("SELECT pg_advisory_xact_lock(hashtextextended('api_key:' || :owner_id, 0))")
+# The lock, then _COUNT_QUEUED_AND_RECENT, in one round trip (migration 0024): the section the
+# key's submissions queue on is this call and the commit.
+_LOCK_KEY_AND_COUNT = text("SELECT queued, recent FROM trainhub_lock_key_and_count(:owner_id, :since)")
 _REJECTED = RejectedSubmission.__table__.c
 _REJECTED_RECENT = (_REJECTED.owner_id == bindparam("owner_id"), _REJECTED.at > bindparam("since"))
 # One query, each set from its own index: the rows read are the key's queued and recent jobs,
@@ -273,20 +276,24 @@ _RECORD_REJECTED = insert(RejectedSubmission).values(owner_id=bindparam("owner_i
 
 
 def lock_key(session: Session, owner: Caller) -> None:
-    """Lock the key's row for the rest of the transaction: what it counts (jobs, stored datasets)
-    is counted by one request of the key at a time."""
-    session.execute(_LOCK_KEY, {"owner_id": owner.id})
+    """Lock the key for the rest of the transaction: what it counts (jobs, stored datasets) is
+    counted by one request of the key at a time."""
+    if session.get_bind().dialect.name == "postgresql":  # SQLite has no such lock: one writer at a time
+        session.execute(_ADVISORY_LOCK_KEY, {"owner_id": owner.id})
 
 
 def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Settings | None = None) -> None:
-    """Lock the key's row for the rest of the transaction, count its jobs, and when its `new_jobs`
+    """Lock the key for the rest of the transaction, count its jobs, and when its `new_jobs`
     new jobs pass the key's queued or per-minute limit, roll the transaction back (the new rows
     with it) and raise QuotaExceeded. Call it in the transaction that adds the jobs, once they are
     flushed (they are counted), right before the commit."""
-    session.execute(_LOCK_KEY, {"owner_id": owner.id})
     now = utcnow()
     since = now - timedelta(seconds=RATE_WINDOW_S)
-    queued, recent = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()
+    params = {"owner_id": owner.id, "since": since}
+    if session.get_bind().dialect.name == "postgresql":
+        queued, recent = session.execute(_LOCK_KEY_AND_COUNT, params).one()
+    else:  # SQLite: the flushed INSERT holds the database's one write lock already
+        queued, recent = session.execute(_COUNT_QUEUED_AND_RECENT, params).one()
     if error := _over_quota(
         session, owner, queued - new_jobs, recent - new_jobs, new_jobs, since, now, settings or get_settings()
     ):

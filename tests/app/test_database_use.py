@@ -47,7 +47,7 @@ def test_a_poll_of_a_queued_job_costs_three_statements(api, auth, statements):
     assert kinds(statements) == ["SELECT api_keys", "SELECT jobs", "SELECT jobs"]
 
 
-def test_a_submit_costs_eight_statements_and_locks_the_key_only_after_its_insert(api, auth, statements):
+def test_a_submit_costs_seven_statements_and_locks_the_key_only_after_its_insert(api, auth, statements):
     api.get("/jobs", headers=auth)  # the online queues, read once a second
     statements.clear()
     assert api.post("/jobs", json=TPU, headers=auth).status_code == 201
@@ -59,11 +59,71 @@ def test_a_submit_costs_eight_statements_and_locks_the_key_only_after_its_insert
         "SELECT jobs",  # the new job's place in its queue
         "SELECT jobs",  # (the key's first queued job there: where the key itself stands)
         "INSERT jobs",
-        "SELECT api_keys",  # the quota lock on the key: FOR NO KEY UPDATE, held to the commit
-        "SELECT rejected_submissions",  # the key's queued and recent jobs (the new one included) and refusals
+        # the key's quota lock, held to the commit, and its queued and recent jobs (the new one
+        # included) and refusals, counted after the lock: one round trip (migration 0024)
+        "SELECT trainhub_lock_key_and_count",
         "UPDATE jobs",  # enqueued_at, once the id is in the broker
     ]
-    assert "FOR NO KEY UPDATE" in statements[5]
+
+
+def test_a_submit_waits_for_the_keys_quota_lock_not_behind_other_uncommitted_jobs(api, auth, services_env):
+    """A transaction of the key holding its quota lock with 40 uncommitted jobs: another
+    submission of the key stores its row and then waits for the lock alone, not at its INSERT
+    (the tally counter rows those jobs change are written at their commit), and is 201 after."""
+    from app import jobs, limits
+    from app.db import session_scope
+    from app.keys import find_key
+    from app.schemas import JobSpec
+
+    secret = auth["Authorization"].split()[1]
+    with session_scope() as holder, session_scope() as watcher:
+        owner = find_key(holder, secret)
+        for seed in range(40):  # (any of the key's four counter rows, 1 - 4 * 0.75^40 sure)
+            holder.add(jobs.new_job(owner, JobSpec.model_validate({**TPU, "seed": seed})))
+        holder.flush()
+        limits.check_quota(holder, owner, 40)
+        with ThreadPoolExecutor(1) as pool:
+            submitted = pool.submit(api.post, "/jobs", json=TPU, headers=auth)
+            waiting = None
+            deadline = time.monotonic() + 10
+            while waiting is None and time.monotonic() < deadline:
+                waiting = watcher.execute(text(
+                    "SELECT wait_event, query FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()")).first()
+                watcher.rollback()
+                time.sleep(0.02)
+            holder.commit()
+            assert submitted.result(timeout=10).status_code == 201
+    assert waiting is not None, "the submission never waited for the key's lock"
+    assert waiting.wait_event == "advisory" and "trainhub_lock_key_and_count" in waiting.query
+
+
+def test_the_locked_count_is_the_count_queried_without_the_lock(api, auth, rows, services_env):
+    """trainhub_lock_key_and_count (migration 0024) counts what app.limits' query counts: the
+    key's queued jobs, and its jobs and refused submissions of the last minute."""
+    from datetime import timedelta
+
+    from app import limits
+    from app.db import session_scope
+    from app.keys import find_key
+    from app.models import Job, RejectedSubmission, utcnow
+
+    ids = [api.post("/jobs", json={**TPU, "seed": i}, headers=auth).json()["id"] for i in range(5)]
+    rows.start(ids[0])
+    rows.finish(ids[1])
+    secret = auth["Authorization"].split()[1]
+    with session_scope() as session:
+        owner = find_key(session, secret)
+        session.get(Job, ids[2]).created_at = utcnow() - timedelta(minutes=5)  # queued, not recent
+        session.get(Job, ids[1]).created_at = utcnow() - timedelta(minutes=5)  # neither
+        session.add_all([RejectedSubmission(owner_id=owner.id, at=utcnow()),
+                         RejectedSubmission(owner_id=owner.id, at=utcnow() - timedelta(minutes=2))])
+        session.commit()
+        params = {"owner_id": owner.id, "since": utcnow() - timedelta(seconds=limits.RATE_WINDOW_S)}
+        locked = tuple(session.execute(limits._LOCK_KEY_AND_COUNT, params).one())
+        queried = tuple(session.execute(limits._COUNT_QUEUED_AND_RECENT, params).one())
+        session.rollback()
+    assert locked == queried == (3, 3 + 1)  # ids 2, 3, 4 queued; 0, 3, 4 recent, and one refusal
 
 
 def test_requests_beyond_the_pool_and_the_thread_pool_all_get_answers(api, auth, monkeypatch):

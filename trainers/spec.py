@@ -9,6 +9,7 @@ batch size 128, 10 epochs, seed 0.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -652,7 +653,31 @@ def model_plan(spec: TrainingSpec) -> Plan:
     """The model's layer list (a preset's, expanded) walked for the dataset's examples: shapes,
     parameters and FLOPs (trainers.layers.plan). Raises LayerError when a layer cannot take its input."""
     shape = _shape(spec)
-    return plan(layers_of(spec.model, shape.outputs), shape.input_shape, shape.outputs)
+    return _plan(_ModelKey(spec.model), shape.input_shape, shape.outputs)
+
+
+class _ModelKey:
+    """A model spec hashed by its JSON (its lists have no hash) for the plan cache."""
+
+    __slots__ = ("json", "model")
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.model = model
+        self.json = model.model_dump_json()
+
+    def __hash__(self) -> int:
+        return hash(self.json)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ModelKey) and other.json == self.json
+
+
+# A request validates its spec several times (the body, then with the server's limits and the
+# dataset's info) and renders it once: the walk is the costly part, the same each time. Plans are
+# frozen, so callers share them.
+@functools.lru_cache(maxsize=1024)
+def _plan(model: _ModelKey, input_shape: tuple[int, ...], outputs: int) -> Plan:
+    return plan(layers_of(model.model, outputs), input_shape, outputs)
 
 
 def model_dropout(model: ModelSpec) -> float:

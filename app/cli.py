@@ -266,7 +266,7 @@ def keys_list(
     """Every key: id, prefix, name, kind (admin, scrape), priority cap, created and revoked times
     (never a secret or hash)."""
     from app.db import session_scope
-    from app.keys import list_keys
+    from app.keys import SHORT_ID, list_keys
     from app.models import rfc3339
 
     open_database(var_dir=var_dir)
@@ -289,11 +289,15 @@ def keys_list(
         print(json.dumps(rows, indent=2))
         return
     table = Table(title="API keys")
-    for column in ("id", "prefix", "name", "kind", "max priority", "code", "created", "revoked"):
+    # The id (its first 8 characters, as for jobs) and the prefix are what `keys cap/code/revoke`
+    # take: never cut, whatever the terminal's width.
+    table.add_column("id", no_wrap=True, min_width=SHORT_ID)
+    table.add_column("prefix", no_wrap=True, min_width=max((len(str(r["prefix"])) + 1 for r in rows), default=6))
+    for column in ("name", "kind", "max priority", "code", "created", "revoked"):
         table.add_column(column)
     for row in rows:
         table.add_row(
-            str(row["id"]),
+            str(row["id"])[:SHORT_ID],
             f"{row['prefix']}…",
             escape(str(row["name"])),
             "admin" if row["admin"] else "scrape" if row["scrape"] else "",
@@ -307,7 +311,7 @@ def keys_list(
 
 @keys_cli.command("cap")
 def keys_cap(
-    key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")],
+    key: Annotated[str, typer.Argument(help="the key's id (or its first 8 characters) or prefix, as `keys list` shows them")],
     max_priority: Annotated[
         Optional[Priority], typer.Option(help="the highest priority its jobs may ask for; leave out to lift the cap")
     ] = None,
@@ -332,7 +336,7 @@ def keys_cap(
 
 @keys_cli.command("code")
 def keys_code(
-    key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")],
+    key: Annotated[str, typer.Argument(help="the key's id (or its first 8 characters) or prefix, as `keys list` shows them")],
     allow: Annotated[
         bool,
         typer.Option("--allow/--revoke", help="grant the right to upload and train model code, or take it back"),
@@ -360,7 +364,7 @@ def keys_code(
 
 @keys_cli.command("revoke")
 def keys_revoke(
-    key: Annotated[str, typer.Argument(help="the key's id or prefix, as `keys list` shows them")],
+    key: Annotated[str, typer.Argument(help="the key's id (or its first 8 characters) or prefix, as `keys list` shows them")],
     var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
 ) -> None:
     """Revoke a key: every request with it is refused (401) from now on, including its

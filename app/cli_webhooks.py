@@ -84,7 +84,8 @@ def deliveries(
     for column in ("event", "status", "attempts", "answer", "next attempt", "delivered"):
         table.add_column(column)
     for item in items:
-        answer = str(item["response_status"] or "") + (f" {item['error']}" if item["error"] else "")
+        # The error names the answer's status when there was one ("answered 500"): not said twice.
+        answer = item["error"] or str(item["response_status"] or "")
         table.add_row(
             item["event"],
             item["status"],

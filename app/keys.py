@@ -100,10 +100,16 @@ def list_keys(session: Session) -> list[ApiKey]:
     return list(session.scalars(select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)))
 
 
+SHORT_ID = 8  # `keys list` shows a key's id by its first 8 characters, as for jobs
+
+
 def find_by_ident(session: Session, ident: str) -> ApiKey | None:
-    """The key whose id or prefix (as `keys list` shows them) is `ident`; None when none matches.
-    Raises AmbiguousKey when a prefix names several keys."""
-    matches = list(session.scalars(select(ApiKey).where((ApiKey.id == ident) | (ApiKey.prefix == ident))))
+    """The key whose id, first characters of its id (at least SHORT_ID) or prefix (as `keys list`
+    shows them) is `ident`; None when none matches. Raises AmbiguousKey when `ident` names several keys."""
+    named = (ApiKey.id == ident) | (ApiKey.prefix == ident)
+    if len(ident) >= SHORT_ID:
+        named |= ApiKey.id.startswith(ident, autoescape=True)
+    matches = list(session.scalars(select(ApiKey).where(named)))
     if len(matches) > 1:
         raise AmbiguousKey(ident)
     return matches[0] if matches else None

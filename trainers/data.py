@@ -278,8 +278,9 @@ def _read_idx_file(folder: Path, stem: str) -> np.ndarray:
 def _parse_idx_cached(path: str, mtime_ns: int, size: int) -> np.ndarray:
     array = parse_idx(Path(path))
     if array.ndim > 1:
-        # Images: flatten to [N, rows*cols] and scale to [0, 1] once per process, not per job.
-        array = array.reshape(len(array), -1).astype(np.float32) / np.float32(255)
+        # Images: flatten to [N, rows*cols] and scale to [0, 1] once per process, not per job; one
+        # pass (astype then divide was two, 4x the time: a fresh worker's first job waited for it).
+        array = np.divide(array.reshape(len(array), -1), np.float32(255), dtype=np.float32)
     else:
         array = array.astype(np.int32)
     array.setflags(write=False)  # shared by every job of the process

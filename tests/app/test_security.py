@@ -179,6 +179,24 @@ def test_keys_are_stored_hashed_shown_once_listed_without_secrets_and_revoked_at
     assert run_cli("keys", "revoke", "th_nothere").exit_code == 1
 
 
+def test_keys_list_at_80_columns_shows_idents_that_the_key_commands_take(api, services_env, monkeypatch):
+    """The table cuts names and dates to fit, never the id's first 8 characters or the prefix;
+    `keys cap`, `code` and `revoke` take either as printed (the prefix with its ellipsis)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for name in ("a key with a rather long name for the table", "dave"):
+        assert run_cli("keys", "create", "--name", name).exit_code == 0
+    row = next(k for k in json.loads(run_cli("keys", "list", "--json").stdout) if k["name"] == "dave")
+    table = run_cli("keys", "list").stdout
+    line = next(line for line in table.splitlines() if "dave" in line)
+    shown_id, shown_prefix = [cell.strip() for cell in line.split("│")[1:3]]
+    assert (shown_id, shown_prefix) == (row["id"][:8], row["prefix"] + "…")
+    assert run_cli("keys", "cap", shown_id, "--max-priority", "low").exit_code == 0
+    assert run_cli("keys", "code", shown_prefix, "--allow").exit_code == 0
+    listed = next(k for k in json.loads(run_cli("keys", "list", "--json").stdout) if k["name"] == "dave")
+    assert listed["max_priority"] == "low" and listed["allow_code"]
+    assert run_cli("keys", "revoke", row["id"][:7]).exit_code == 1  # under 8 characters names no key
+
+
 def test_an_open_event_stream_ends_once_its_key_is_revoked(api, make_key, monkeypatch):
     from app import events
     from app.db import session_scope

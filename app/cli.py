@@ -309,9 +309,12 @@ def keys_list(
     Console().print(table)
 
 
+KEY_IDENT_HELP = "the key's id (or its first 8 characters) or prefix, as `keys list` shows them"
+
+
 @keys_cli.command("cap")
 def keys_cap(
-    key: Annotated[str, typer.Argument(help="the key's id (or its first 8 characters) or prefix, as `keys list` shows them")],
+    key: Annotated[str, typer.Argument(help=KEY_IDENT_HELP)],
     max_priority: Annotated[
         Optional[Priority], typer.Option(help="the highest priority its jobs may ask for; leave out to lift the cap")
     ] = None,
@@ -336,7 +339,7 @@ def keys_cap(
 
 @keys_cli.command("code")
 def keys_code(
-    key: Annotated[str, typer.Argument(help="the key's id (or its first 8 characters) or prefix, as `keys list` shows them")],
+    key: Annotated[str, typer.Argument(help=KEY_IDENT_HELP)],
     allow: Annotated[
         bool,
         typer.Option("--allow/--revoke", help="grant the right to upload and train model code, or take it back"),
@@ -364,7 +367,7 @@ def keys_code(
 
 @keys_cli.command("revoke")
 def keys_revoke(
-    key: Annotated[str, typer.Argument(help="the key's id (or its first 8 characters) or prefix, as `keys list` shows them")],
+    key: Annotated[str, typer.Argument(help=KEY_IDENT_HELP)],
     var_dir: Annotated[Optional[Path], typer.Option(help="the var dir of the stack the key is for")] = None,
 ) -> None:
     """Revoke a key: every request with it is refused (401) from now on, including its

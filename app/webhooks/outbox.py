@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import exists, or_, select, update
+from sqlalchemy import Integer, bindparam, exists, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from app import rendering
@@ -63,27 +63,31 @@ def retry_delay(attempt: int, settings: Settings) -> float:
     return min(base * 2.0 ** min(attempt - 1, 60), max(base, MAX_RETRY_DELAY_S))
 
 
+_EARLIER = aliased(WebhookDelivery)
+# The due deliveries, each the first pending one of its job, oldest due first. Built once: every
+# API process asks each webhook_poll_s, and building it cost more than running it on an empty outbox.
+_DUE = (
+    select(WebhookDelivery.id)
+    .where(
+        WebhookDelivery.status == DeliveryStatus.PENDING,
+        WebhookDelivery.next_attempt_at <= bindparam("now"),
+        ~exists().where(
+            _EARLIER.job_id == WebhookDelivery.job_id,
+            _EARLIER.status == DeliveryStatus.PENDING,
+            _EARLIER.seq < WebhookDelivery.seq,
+        ),
+    )
+    .order_by(WebhookDelivery.next_attempt_at)
+    .limit(bindparam("limit", type_=Integer))
+    .with_for_update(skip_locked=True)
+)
+
+
 def claim(session: Session, limit: int, settings: Settings) -> list[Claimed]:
     """Lease up to `limit` due deliveries (their attempt counted now) and return them, each body
     rendered (and stored, for the retries) at its first attempt. Commits."""
     now = utcnow()
-    earlier = aliased(WebhookDelivery)
-    due = (
-        select(WebhookDelivery.id)
-        .where(
-            WebhookDelivery.status == DeliveryStatus.PENDING,
-            WebhookDelivery.next_attempt_at <= now,
-            ~exists().where(
-                earlier.job_id == WebhookDelivery.job_id,
-                earlier.status == DeliveryStatus.PENDING,
-                earlier.seq < WebhookDelivery.seq,
-            ),
-        )
-        .order_by(WebhookDelivery.next_attempt_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    ids = list(session.scalars(due))
+    ids = list(session.scalars(_DUE, {"now": now, "limit": limit}))
     if not ids:
         session.rollback()
         return []

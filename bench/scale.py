@@ -75,7 +75,7 @@ class ScaleConfig:
     requests: int = 600        # timed requests per endpoint, size and database (after `warmup`)
     warmup: int = 20
     streams: int = 1000
-    window_s: float = 10.0     # each transactions-per-second window
+    window_s: float = 30.0     # each transactions-per-second window (bench/__main__.py says why 30)
     # After opening the streams (a burst of reads), before their idle window: PostgreSQL 15 flushes
     # an idle backend's counts up to 10 s late (PGSTAT_IDLE_INTERVAL).
     settle_s: float = 11.0

@@ -657,19 +657,20 @@ def model_plan(spec: TrainingSpec) -> Plan:
 
 
 class _ModelKey:
-    """A model spec hashed by its JSON (its lists have no hash) for the plan cache."""
+    """A model spec hashed by its repr, which shows every field (its lists have no hash; its JSON
+    leaves out the knobs that do not apply), for the plan cache."""
 
-    __slots__ = ("json", "model")
+    __slots__ = ("model", "text")
 
     def __init__(self, model: ModelSpec) -> None:
         self.model = model
-        self.json = model.model_dump_json()
+        self.text = repr(model)
 
     def __hash__(self) -> int:
-        return hash(self.json)
+        return hash(self.text)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ModelKey) and other.json == self.json
+        return isinstance(other, _ModelKey) and other.text == self.text
 
 
 # A request validates its spec several times (the body, then with the server's limits and the

@@ -127,7 +127,7 @@ def serve(
     from app import server
 
     if workers > 1 and get_settings().resolved_database_url().startswith("sqlite"):
-        # The per-key quotas lock the key's row (app/limits.py), which SQLite cannot: one process.
+        # The per-key quotas lock the key (app/limits.py), which SQLite cannot: one process.
         fail(
             "--workers above 1 needs PostgreSQL (TRAINHUB_DATABASE_URL); the embedded SQLite database "
             "serves one API process"

@@ -10,14 +10,15 @@ Two kinds, with their own status codes:
   one says when to retry (Retry-After, seconds).
 
 Quotas are counted in the database, from the jobs table itself: it is the one store every API
-process shares in every deployment (the embedded stack has no Redis), the jobs rows already
-are the log of submissions (created_at, status). The new rows are inserted first; then, in the
-same transaction, the key's row is locked (`SELECT ... FOR NO KEY UPDATE` on PostgreSQL) and its jobs
-counted, the new ones included, and the transaction commits or rolls back. The count runs after
-the lock is granted, so it sees every row of the key's earlier requests: concurrent requests of
-one key, on any number of API processes, are counted one after another and never both slip
-under the limit, and the lock is held only for the count and the commit. Other keys are not
-blocked. SQLite (one embedded API process) serialises writers itself.
+process shares in every deployment (the embedded stack has no Redis), the jobs rows already are
+the log of submissions (created_at, status). The new rows are inserted first; then, in the same
+transaction, the key is locked (a transaction-level advisory lock on PostgreSQL, taken with the
+count in one call: migration 0024) and its jobs counted, the new ones included, and the
+transaction commits or rolls back. The count runs after the lock is granted, so it sees every
+row of the key's earlier requests: concurrent requests of one key, on any number of API
+processes, are counted one after another and never both slip under the limit, and the lock is
+held only for the count and the commit. Other keys are not blocked. SQLite (one embedded API
+process) serialises writers itself.
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ def keys_cap(
         try:
             capped = cap_key(session, key.removesuffix("…"), max_priority.value if max_priority else None)
         except AmbiguousKey:
-            fail(f"{key!r} names more than one key; use the id from `trainhub keys list`")
+            fail(f"{key!r} names more than one key; use the whole id (`trainhub keys list --json`)")
         if capped is None:
             fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
         cap = f"capped at priority {capped.max_priority}" if capped.max_priority else "no longer capped"
@@ -358,7 +358,7 @@ def keys_code(
         try:
             changed = set_allow_code(session, key.removesuffix("…"), allow)
         except AmbiguousKey:
-            fail(f"{key!r} names more than one key; use the id from `trainhub keys list`")
+            fail(f"{key!r} names more than one key; use the whole id (`trainhub keys list --json`)")
         if changed is None:
             fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
         verb = "may now" if allow else "may no longer"
@@ -381,7 +381,7 @@ def keys_revoke(
         try:
             revoked = revoke_key(session, key.removesuffix("…"))
         except AmbiguousKey:
-            fail(f"{key!r} names more than one key; use the id from `trainhub keys list`")
+            fail(f"{key!r} names more than one key; use the whole id (`trainhub keys list --json`)")
         if revoked is None or revoked.revoked_at is None:
             fail(f"no key has the id or prefix {key!r} (see `trainhub keys list`)")
         console.print(

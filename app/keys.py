@@ -108,7 +108,7 @@ def find_by_ident(session: Session, ident: str) -> ApiKey | None:
     shows them) is `ident`; None when none matches. Raises AmbiguousKey when `ident` names several keys."""
     named = (ApiKey.id == ident) | (ApiKey.prefix == ident)
     if len(ident) >= SHORT_ID:
-        named |= ApiKey.id.startswith(ident, autoescape=True)
+        named |= ApiKey.id.startswith(ident.lower(), autoescape=True)  # ids are stored lower-case
     matches = list(session.scalars(select(ApiKey).where(named)))
     if len(matches) > 1:
         raise AmbiguousKey(ident)

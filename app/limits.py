@@ -250,9 +250,9 @@ def apply_limits(spec: TrainingSpec, settings: Settings | None = None, caller: C
 # Built once: every POST /jobs runs them, and building a statement costs more than running it.
 _QUEUED = Job.status == JobStatus.QUEUED.value
 _RECENT = Job.created_at > bindparam("since")
-# PostgreSQL: an advisory lock named after the key (migration 0024 takes the same one), not a lock
-# on its row, which each INSERT of a job share-locks (the foreign key check).
-_ADVISORY_LOCK_KEY = text("SELECT pg_advisory_xact_lock(hashtextextended('api_key:' || :owner_id, 0))")
+# PostgreSQL: an advisory lock named after the key (migration 0024), not a lock on its row, which
+# each INSERT of a job share-locks (the foreign key check).
+_ADVISORY_LOCK_KEY = text("SELECT trainhub_lock_key(:owner_id)")
 # The lock, then _COUNT_QUEUED_AND_RECENT, in one round trip (migration 0024): the section the
 # key's submissions queue on is this call and the commit.
 _LOCK_KEY_AND_COUNT = text("SELECT queued, recent FROM trainhub_lock_key_and_count(:owner_id, :since)")

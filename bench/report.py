@@ -234,8 +234,9 @@ def criteria(results: dict) -> list[Criterion]:
                              f"(sent {get['sent_rate_per_s']:.0f}/s, statuses {get['statuses']})",
                              (get["p99_ms"] is not None and get["p99_ms"] <= GET_P99_MS and answered) if judged
                              else (None if answered else False),
-                             note="" if judged else f"not judged: offered under the target's {GET_RATE:g}/s "
-                                                    "(quick sizes)"))
+                             note="" if judged else f"latency not judged: offered under the target's "
+                                                    f"{GET_RATE:g}/s (quick sizes)"
+                                                    + ("" if answered else "; some answers were not 200")))
     else:
         out.append(Criterion(f"GET /jobs/{{id}} p99 at {GET_RATE:g}/s offered", f"<= {GET_P99_MS:g} ms",
                              "not measured", None, note=(get or {}).get("error") or api.get("skipped", "")))

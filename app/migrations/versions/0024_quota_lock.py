@@ -25,12 +25,15 @@ down_revision = "0023"
 branch_labels = None
 depends_on = None
 
-# The advisory lock's name is app.limits' _ADVISORY_LOCK_KEY's.
+# The key's lock (app.limits.lock_key takes it too: datasets count under it), then the count.
 LOCK_AND_COUNT = """
+CREATE FUNCTION trainhub_lock_key(owner text) RETURNS void LANGUAGE sql VOLATILE AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('api_key:' || owner, 0)) $$;
+
 CREATE FUNCTION trainhub_lock_key_and_count(owner text, since timestamptz, OUT queued bigint, OUT recent bigint)
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('api_key:' || owner, 0));
+    PERFORM trainhub_lock_key(owner);
     SELECT count(*) FILTER (WHERE j.status = 'queued'),
            count(*) FILTER (WHERE j.created_at > since)
            + (SELECT count(*) FROM rejected_submissions AS r WHERE r.owner_id = owner AND r.at > since)
@@ -68,4 +71,5 @@ def downgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute("DROP FUNCTION trainhub_lock_key_and_count(text, timestamptz)")
+    op.execute("DROP FUNCTION trainhub_lock_key(text)")
     _replace_triggers("", "")

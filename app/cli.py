@@ -266,7 +266,7 @@ def keys_list(
     """Every key: id, prefix, name, kind (admin, scrape), priority cap, created and revoked times
     (never a secret or hash)."""
     from app.db import session_scope
-    from app.keys import SHORT_ID, list_keys
+    from app.keys import list_keys
     from app.models import rfc3339
 
     open_database(var_dir=var_dir)
@@ -288,25 +288,42 @@ def keys_list(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    console = Console()
+    console.print(_keys_table(rows, console.width))
+
+
+def _keys_table(rows: list[dict[str, Any]], width: int) -> Table:
+    """The keys as a table `width` columns wide at most where it can be: the id's first 8
+    characters and the prefix, which `keys cap/code/revoke` take, are never cut; the columns
+    after the name are left out, last first, where they would squeeze the others unreadable."""
+    from app.keys import SHORT_ID
+
+    cells = {
+        "id": [str(r["id"])[:SHORT_ID] for r in rows],
+        "prefix": [f"{r['prefix']}…" for r in rows],
+        "name": [escape(str(r["name"])) for r in rows],
+        "kind": ["admin" if r["admin"] else "scrape" if r["scrape"] else "" for r in rows],
+        "max priority": [str(r["max_priority"] or "") for r in rows],
+        "code": ["allowed" if r["allow_code"] else "" for r in rows],
+        "created": [str(r["created_at"])[:19] for r in rows],
+        "revoked": [str(r["revoked_at"] or "")[:19] for r in rows],
+    }
+
+    def wide(column: str) -> int:  # its cells' width (a name counts up to 16), and its border
+        longest = max((len(cell) for cell in cells[column]), default=0)
+        return max(len(column), min(longest, 16) if column == "name" else longest) + 3
+
+    shown = ["id", "prefix", "name"]
+    for column in ("kind", "max priority", "code", "created", "revoked"):
+        if sum(map(wide, shown)) + wide(column) + 1 > width:
+            break
+        shown.append(column)
     table = Table(title="API keys")
-    # The id (its first 8 characters, as for jobs) and the prefix are what `keys cap/code/revoke`
-    # take: never cut, whatever the terminal's width.
-    table.add_column("id", no_wrap=True, min_width=SHORT_ID)
-    table.add_column("prefix", no_wrap=True, min_width=max((len(str(r["prefix"])) + 1 for r in rows), default=6))
-    for column in ("name", "kind", "max priority", "code", "created", "revoked"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(
-            str(row["id"])[:SHORT_ID],
-            f"{row['prefix']}…",
-            escape(str(row["name"])),
-            "admin" if row["admin"] else "scrape" if row["scrape"] else "",
-            str(row["max_priority"] or ""),
-            "allowed" if row["allow_code"] else "",
-            str(row["created_at"])[:19],
-            str(row["revoked_at"] or "")[:19],
-        )
-    Console().print(table)
+    for column in shown:
+        table.add_column(column, no_wrap=column != "name", min_width=wide(column) - 3 if column != "name" else None)
+    for i in range(len(rows)):
+        table.add_row(*(cells[column][i] for column in shown))
+    return table
 
 
 KEY_IDENT_HELP = "the key's id (or its first 8 characters) or prefix, as `keys list` shows them"
@@ -328,7 +345,7 @@ def keys_cap(
     open_database(var_dir=var_dir)
     with session_scope() as session:
         try:
-            capped = cap_key(session, key.removesuffix("…"), max_priority.value if max_priority else None)
+            capped = cap_key(session, key, max_priority.value if max_priority else None)
         except AmbiguousKey:
             fail(f"{key!r} names more than one key; use the whole id (`trainhub keys list --json`)")
         if capped is None:
@@ -356,7 +373,7 @@ def keys_code(
     open_database(var_dir=var_dir)
     with session_scope() as session:
         try:
-            changed = set_allow_code(session, key.removesuffix("…"), allow)
+            changed = set_allow_code(session, key, allow)
         except AmbiguousKey:
             fail(f"{key!r} names more than one key; use the whole id (`trainhub keys list --json`)")
         if changed is None:
@@ -379,7 +396,7 @@ def keys_revoke(
     open_database(var_dir=var_dir)
     with session_scope() as session:
         try:
-            revoked = revoke_key(session, key.removesuffix("…"))
+            revoked = revoke_key(session, key)
         except AmbiguousKey:
             fail(f"{key!r} names more than one key; use the whole id (`trainhub keys list --json`)")
         if revoked is None or revoked.revoked_at is None:

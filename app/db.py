@@ -54,6 +54,9 @@ def make_engine(url: str) -> Engine:
         max_overflow=settings.db_max_overflow,
         pool_timeout=settings.db_pool_timeout_s,
         json_serializer=strict_json,
+        # The quotas count under the key's lock and need each statement to see what committed
+        # before it: pinned, whatever default_transaction_isolation the server sets.
+        isolation_level="READ COMMITTED",
     )
     ping_when_idle(engine)
     return engine

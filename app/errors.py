@@ -206,6 +206,7 @@ def _count_rejection(method: str, path: str, authorization: str | None, caller: 
         if caller is None:
             return
     with session_scope() as session:
+        limits.lock_key(session, caller)  # the key's refusals and submissions count one at a time
         limits.check_rate(session, caller)
         limits.record_rejection(session, caller.id)
 

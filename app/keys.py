@@ -105,7 +105,9 @@ SHORT_ID = 8  # `keys list` shows a key's id by its first 8 characters, as for j
 
 def find_by_ident(session: Session, ident: str) -> ApiKey | None:
     """The key whose id, first characters of its id (at least SHORT_ID) or prefix (as `keys list`
-    shows them) is `ident`; None when none matches. Raises AmbiguousKey when `ident` names several keys."""
+    shows them, with or without the ellipsis after the prefix) is `ident`; None when none matches.
+    Raises AmbiguousKey when `ident` names several keys."""
+    ident = ident.strip().removesuffix("…").removesuffix("...")
     named = (ApiKey.id == ident) | (ApiKey.prefix == ident)
     if len(ident) >= SHORT_ID:
         named |= ApiKey.id.startswith(ident.lower(), autoescape=True)  # ids are stored lower-case

@@ -253,6 +253,8 @@ _RECENT = Job.created_at > bindparam("since")
 # PostgreSQL: an advisory lock named after the key (migration 0024), not a lock on its row, which
 # each INSERT of a job share-locks (the foreign key check).
 _ADVISORY_LOCK_KEY = text("SELECT trainhub_lock_key(:owner_id)")
+# SQLite has one writer at a time: a write that changes nothing takes that lock until the commit.
+_SQLITE_WRITE_LOCK = text("UPDATE api_keys SET id = id WHERE id = :owner_id")
 # The lock, then _COUNT_QUEUED_AND_RECENT, in one round trip (migration 0024): the section the
 # key's submissions queue on is this call and the commit.
 _LOCK_KEY_AND_COUNT = text("SELECT queued, recent FROM trainhub_lock_key_and_count(:owner_id, :since)")
@@ -278,9 +280,12 @@ _RECORD_REJECTED = insert(RejectedSubmission).values(owner_id=bindparam("owner_i
 
 def lock_key(session: Session, owner: Caller) -> None:
     """Lock the key for the rest of the transaction: what it counts (jobs, stored datasets) is
-    counted by one request of the key at a time."""
-    if session.get_bind().dialect.name == "postgresql":  # SQLite has no such lock: one writer at a time
+    counted by one request of the key at a time. On SQLite this takes the database's one write
+    lock (a write that changes nothing), so call it before the transaction's reads."""
+    if session.get_bind().dialect.name == "postgresql":
         session.execute(_ADVISORY_LOCK_KEY, {"owner_id": owner.id})
+    else:
+        session.execute(_SQLITE_WRITE_LOCK, {"owner_id": owner.id})
 
 
 def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Settings | None = None) -> None:
@@ -304,7 +309,8 @@ def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Se
 
 def queued_room(session: Session, owner: Caller, settings: Settings | None = None) -> int:
     """How many more jobs the key may queue now (max_queued_jobs_per_key less its queued jobs):
-    a sweep starts at most that many trials at a turn, and waits for room for the rest."""
+    a sweep starts at most that many trials at a turn, and waits for room for the rest. Exact
+    only under lock_key, held until the new jobs are committed."""
     s = settings or get_settings()
     since = utcnow() - timedelta(seconds=RATE_WINDOW_S)
     queued = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()[0]

@@ -56,8 +56,13 @@ def create_sweep(session: Session, owner: Caller, spec: SweepSpec, base: dict[st
     stored = spec.model_copy(update={"base": base})
     sweep = Sweep(owner_id=owner.id, name=spec.name, spec=stored.model_dump(mode="json"), status=SweepStatus.RUNNING)
     session.add(sweep)
+    session.flush()
+    try:
+        study.create(sweep.id, stored)
+    except Exception:
+        session.rollback()  # no sweep without its study: it could never start a trial
+        raise
     session.commit()
-    study.create(sweep.id, stored)
     advance(sweep.id)
     session.refresh(sweep)
     return sweep
@@ -94,6 +99,7 @@ def advance(sweep_id: str) -> None:
             return
         owner = Caller(id=sweep.owner_id, is_admin=False)
         frameworks = spec.frameworks or [spec.base["framework"]]
+        limits.lock_key(session, owner)  # until the commit: the key's POST /jobs and turns count in turn
         room = limits.queued_room(session, owner) // len(frameworks)
         for _ in range(max(0, min(wanted, room))):
             new.extend(_new_trial(session, sweep, spec, owner, frameworks))

@@ -12,13 +12,18 @@ the number of the trial it samples: reproducible, and a new draw for each trial.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
+from app import db
 from app.config import get_settings
 from app.sweeps.spec import Dimension, SweepSpec
 
@@ -46,18 +51,36 @@ def storage_url(database_url: str) -> tuple[str, dict[str, Any]]:
     }
 
 
+_CREATING = threading.Lock()
+
+
 @lru_cache
 def get_storage() -> optuna.storages.RDBStorage:
-    """The process's storage for studies (cached: it holds a connection pool)."""
+    """The process's storage for studies (cached: it holds a connection pool). The first call in
+    each process creates Optuna's tables where they are missing, one process at a time."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url, engine_kwargs = storage_url(get_settings().resolved_database_url())
-    try:
+    with _CREATING, _one_process_at_a_time(url):
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    except Exception:  # two processes creating the tables at once: the second finds them made
-        log.info("Optuna's tables were being created by another process; opening the storage again")
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+@contextmanager
+def _one_process_at_a_time(optuna_url: str) -> Iterator[None]:
+    """Hold a lock shared by every process of the service: Optuna creates its tables and its
+    version rows by looking first, so two processes opening a fresh storage at once both create
+    them and one fails (a concurrent CREATE TABLE collides in PostgreSQL's catalog)."""
+    url = make_url(optuna_url)
+    if url.get_backend_name() == "sqlite":
+        lock_path = Path(url.database or "trainhub-optuna.db").with_suffix(".lock")
+        with lock_path.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield
+        return
+    with db.get_engine().begin() as connection:  # the lock ends with this transaction
+        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtextextended('trainhub:optuna-tables', 0))")
+        yield
 
 
 def distribution(dimension: Dimension) -> optuna.distributions.BaseDistribution:

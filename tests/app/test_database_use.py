@@ -126,6 +126,23 @@ def test_the_locked_count_is_the_count_queried_without_the_lock(api, auth, rows,
     assert locked == queried == (3, 3 + 1)  # ids 2, 3, 4 queued; 0, 3, 4 recent, and one refusal
 
 
+def test_transactions_read_committed_whatever_the_servers_default(services_env, monkeypatch):
+    """The quotas count under a lock and must see the jobs committed before it was taken: under
+    a server default of repeatable read they would count a snapshot from before the lock."""
+    from sqlalchemy import make_url
+
+    from app.db import session_scope
+    from tests.conftest import reset_caches
+
+    url = make_url(services_env["TRAINHUB_DATABASE_URL"])
+    url = url.update_query_dict({"options": "-c default_transaction_isolation=serializable"})
+    monkeypatch.setenv("TRAINHUB_DATABASE_URL", url.render_as_string(hide_password=False))
+    reset_caches()
+    with session_scope() as session:
+        assert session.execute(text("SHOW default_transaction_isolation")).scalar() == "serializable"
+        assert session.execute(text("SHOW transaction_isolation")).scalar() == "read committed"
+
+
 def test_requests_beyond_the_pool_and_the_thread_pool_all_get_answers(api, auth, monkeypatch):
     """More concurrent requests than connections and threads: none may hold a connection while
     it waits for a thread (which could wait for a connection): each is answered, none with 503."""

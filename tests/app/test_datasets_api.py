@@ -311,3 +311,52 @@ def test_built_in_datasets_no_worker_has_are_refused(api, auth):
         with session_scope() as session:  # the database is shared: later tests expect no worker
             session.execute(delete(Worker).where(Worker.name == "w:1:datasets"))
             session.commit()
+
+
+def test_on_sqlite_a_keys_second_upload_counts_its_quota_after_the_first_commits(tmp_path):
+    """The embedded stack: two uploads of one key, each counting the key's stored bytes and then
+    storing its own, would both find room (SQLite's reads take no lock); lock_key makes the second
+    wait for the first's commit, so it counts the first's bytes."""
+    import threading
+
+    from sqlalchemy.orm import Session
+
+    from app.db import make_engine, migrate
+    from app.datasets.records import stored_bytes
+    from app.keys import Caller
+    from app.limits import lock_key
+    from app.models import ApiKey, Dataset, new_id, utcnow
+
+    url = f"sqlite:///{tmp_path / 'trainhub.db'}"
+    migrate(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        key = ApiKey(id=new_id(), name="k", prefix="th_x", key_hash="h" * 64)
+        session.add(key)
+        session.commit()
+        owner = Caller(id=key.id, is_admin=False)
+    counted: list[int] = []
+    second_started = threading.Event()
+
+    def second_upload() -> None:
+        with Session(engine) as session:
+            second_started.set()
+            lock_key(session, owner)
+            counted.append(stored_bytes(session, owner))
+            session.rollback()
+
+    with Session(engine) as first:
+        lock_key(first, owner)
+        assert stored_bytes(first, owner) == 0
+        thread = threading.Thread(target=second_upload)
+        thread.start()
+        second_started.wait()
+        thread.join(timeout=0.5)
+        assert counted == [], "the second upload counted while the first held the key's lock"
+        first.add(Dataset(id=new_id(), owner_id=key.id, name="d", format="csv", task="classification",
+                          input_shape=[2], num_classes=2, class_names=["0", "1"], train_size=1, test_size=0, bytes=1000,
+                          upload_bytes=1000, sha256="0" * 64, location="x", created_at=utcnow()))
+        first.commit()
+    thread.join(timeout=30)
+    assert counted == [1000]
+    engine.dispose()

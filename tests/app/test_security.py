@@ -196,6 +196,20 @@ def test_keys_list_at_80_columns_shows_idents_that_the_key_commands_take(api, se
     listed = next(k for k in json.loads(run_cli("keys", "list", "--json").stdout) if k["name"] == "dave")
     assert listed["max_priority"] == "low" and listed["allow_code"]
     assert run_cli("keys", "revoke", row["id"][:7]).exit_code == 1  # under 8 characters names no key
+    assert run_cli("keys", "revoke", row["prefix"] + "...").exit_code == 0  # an ellipsis typed as dots
+
+
+def test_keys_list_on_a_narrow_terminal_leaves_columns_out_rather_than_cutting_them(api, services_env, monkeypatch):
+    assert run_cli("keys", "create", "--name", "erin", "--admin").exit_code == 0
+    for columns in ("40", "60"):
+        monkeypatch.setenv("COLUMNS", columns)
+        table = run_cli("keys", "list").stdout
+        header = next(line for line in table.splitlines() if "prefix" in line)
+        line = next(line for line in table.splitlines() if "erin" in line)
+        assert [cell.strip() for cell in header.split("┃")[1:4]] == ["id", "prefix", "name"]
+        assert all("…" not in cell for cell in header.split("┃"))  # no heading is cut
+        assert all(cell.strip() in ("", "admin") or "…" not in cell for cell in line.split("│")[3:]), line
+        assert max(len(line) for line in table.splitlines()) <= int(columns)
 
 
 def test_an_open_event_stream_ends_once_its_key_is_revoked(api, make_key, monkeypatch):
@@ -444,6 +458,13 @@ def test_bodies_refused_before_validation_count_too_and_are_429_past_the_minute(
         assert late.status_code == 429 and "refused as invalid" in late.json()["detail"], body
         assert int(late.headers["Retry-After"]) >= 1
     assert api.post("/jobs", json=DIGITS, headers=auth).status_code == 429
+
+
+def test_refused_bodies_sent_at_once_stay_within_the_minute(api, auth, monkeypatch):
+    set_limits(monkeypatch, max_submissions_per_minute=5)
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: api.post("/jobs", json={**DIGITS, "epochs": 0}, headers=auth), range(12)))
+    assert sorted(a.status_code for a in answers) == [422] * 5 + [429] * 7
 
 
 def test_refused_submissions_leave_the_window_like_jobs(api, auth, monkeypatch):

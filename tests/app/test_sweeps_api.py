@@ -4,8 +4,10 @@ and Redis (the full stack with real workers is tests/e2e/test_sweeps.py)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, make_url, text
 
 BASE = {"framework": "jax", "dataset": {"name": "digits"}, "epochs": 2, "batch_size": 64}
 SPACE = {"optimizer.learning_rate": {"log_uniform": [1e-3, 1e-1]}, "batch_size": {"choice": [32, 64]}}
@@ -105,6 +107,62 @@ def test_a_sweep_needs_room_in_the_keys_queue_for_its_first_trials(api, auth, mo
     response = api.post("/sweeps", json=sweep_body(), headers=auth)
     assert response.status_code == 429 and "lower parallelism" in response.json()["detail"]
     assert api.get("/sweeps", headers=auth).json()["items"] == []
+
+
+def test_sweeps_created_at_once_queue_no_more_trials_than_the_keys_limit(api, auth, monkeypatch):
+    from app.config import get_settings
+    from app.sweeps import study
+
+    monkeypatch.setenv("TRAINHUB_MAX_QUEUED_JOBS_PER_KEY", "5")
+    get_settings.cache_clear()
+    study.get_storage()  # Optuna's tables exist (the test below races their creation)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: api.post("/sweeps", json=sweep_body(), headers=auth), range(8)))
+    assert {a.status_code for a in answers} <= {201, 429}, [a.text for a in answers]
+    queued = [j for j in api.get("/jobs?limit=100", headers=auth).json()["items"] if j["status"] == "queued"]
+    assert 2 <= len(queued) <= 5
+    created = [a.json()["id"] for a in answers if a.status_code == 201]
+    assert sum(len(api.get(f"/sweeps/{s}/trials", headers=auth).json()["items"]) for s in created) == len(queued)
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def fresh_database(request, database_url, tmp_path, monkeypatch):
+    """A migrated database with no Optuna tables yet (as on a new install), set as the service's."""
+    from app.db import migrate
+    from tests.conftest import reset_caches
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    else:
+        url = make_url(database_url).set(database="trainhub_fresh_sweeps").render_as_string(hide_password=False)
+        server = create_engine(database_url, isolation_level="AUTOCOMMIT")
+        with server.connect() as connection:
+            connection.execute(text("DROP DATABASE IF EXISTS trainhub_fresh_sweeps WITH (FORCE)"))
+            connection.execute(text("CREATE DATABASE trainhub_fresh_sweeps"))
+    migrate(url)
+    monkeypatch.setenv("TRAINHUB_DATABASE_URL", url)
+    reset_caches()
+    yield url
+    reset_caches()
+    if request.param == "postgresql":
+        with server.connect() as connection:
+            connection.execute(text("DROP DATABASE trainhub_fresh_sweeps WITH (FORCE)"))
+        server.dispose()
+
+
+def test_processes_opening_a_new_databases_studies_at_once_all_succeed(fresh_database):
+    """Each API process and worker opens the study storage on its first sweep; on a new install
+    those first calls can come at once, and Optuna would create its tables twice."""
+    from app.sweeps import study
+    from app.sweeps.spec import SweepSpec
+
+    with ThreadPoolExecutor(8) as pool:  # each call as a new process makes it (get_storage caches)
+        storages = list(pool.map(lambda _: study.get_storage.__wrapped__(), range(8)))
+    spec = SweepSpec.model_validate({**sweep_body(), "base": BASE})
+    study.create("a-first-sweep", spec)
+    assert all(s.get_study_id_from_name("a-first-sweep") for s in storages)
+    for storage in storages:
+        storage.engine.dispose()
 
 
 def test_trials_run_to_a_best_trial_and_the_sweep_ends_with_none_running(api, auth):

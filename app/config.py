@@ -33,8 +33,8 @@ class Settings(BaseSettings):
       (MinIO, Ceph, AWS...); unset values fall back to boto3's own lookup (AWS_* variables,
       ~/.aws, instance roles).
     - data_dir: where MNIST-format data is looked for first (read by trainers/data.py).
-    - compile_cache_dir: JAX's persistent compilation cache, shared by a host's workers
-      (default `<var_dir>/jax-cache`).
+    - compile_cache_dir: the persistent compilation cache shared by a host's workers: JAX's
+      programs, and PyTorch's compiled whole steps in `torch-steps/` (default `<var_dir>/jax-cache`).
     - api_key: the key the CLI sends as `Authorization: Bearer ...`.
     - api_url: where the CLI finds the API.
 
@@ -267,7 +267,7 @@ class Settings(BaseSettings):
         return (self.dataset_cache_dir or self.var_dir / "dataset-cache").resolve()
 
     def resolved_compile_cache_dir(self) -> Path:
-        """JAX's persistent compilation cache of this host's workers (var_dir/jax-cache by default)."""
+        """The persistent compilation cache of this host's workers (var_dir/jax-cache by default)."""
         return (self.compile_cache_dir or self.var_dir / "jax-cache").resolve()
 
     def broker_transport_options(self) -> dict:

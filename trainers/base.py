@@ -154,7 +154,8 @@ class RunOptions:
 
     data_dir: MNIST-format data is looked for here first, and downloaded into it (None: only the
     OS location, downloads into ~/.cache/trainhub/data; see trainers/data.py).
-    compile_cache_dir: JAX's persistent compilation cache, shared by a host's workers (None: none).
+    compile_cache_dir: the persistent compilation cache shared by a host's workers (None: none):
+    JAX's programs, and PyTorch's compiled whole steps in its torch-steps/ (trainers.torch_step).
     dataset_file: an uploaded dataset the spec names by id, in trainers.dataset_file's form,
     fetched (and its sha256 checked) by the caller.
     user_model: a spec with user code (model.code): its loaded entrypoint (trainers.user_code),

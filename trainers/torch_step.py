@@ -18,15 +18,21 @@ on one device, without privacy; the other cases keep torch_trainer's module-comp
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
-from functools import partial
+from functools import cache, partial
+from pathlib import Path
 
 import torch
 
 from trainers.spec import JobSpec, OptimizerSpec
 from trainers.torch_models import LayerModel, score_sum, task_loss
+
+log = logging.getLogger(__name__)
 
 BETAS, EPS = (0.9, 0.999), 1e-8  # OptimizerSpec's Adam constants (torch.optim's defaults)
 
@@ -150,6 +156,7 @@ def whole_step(
 
 
 _compiled: dict[tuple, Callable] = {}  # the compiled whole steps of this process, by cache_key
+compiled_ahead = 0  # whole steps this process compiled ahead of time (dynamo's callbacks miss them)
 
 
 def cache_key(spec: JobSpec, x_shape: tuple[int, ...], device: torch.device, task: str) -> tuple:
@@ -166,18 +173,90 @@ def cache_key(spec: JobSpec, x_shape: tuple[int, ...], device: torch.device, tas
 
 
 def compiled_step(
-    key: tuple, model: torch.nn.Module, opt: OptimizerSpec, autocast: Callable[[], ContextManager], task: str
+    key: tuple,
+    model: torch.nn.Module,
+    opt: OptimizerSpec,
+    autocast: Callable[[], ContextManager],
+    task: str,
+    example: tuple,
+    steps_dir: Path | None = None,
 ) -> Callable:
-    """The torch.compile'd whole_step for `key`, made now or reused from an earlier job. A reused
-    one calls the first job's module with this job's parameters (functional_call): same spec,
-    same module; the modules hold no buffers."""
+    """The torch.compile'd whole_step for `key`, made now or reused: from this process's earlier
+    jobs, else from `steps_dir` (an earlier process's, see _load_or_compile). A reused one calls
+    the first job's module with this job's parameters (functional_call): same spec, same module;
+    the modules hold no buffers. `example` is whole_step's arguments after the partial, on which
+    it is compiled."""
     if key not in _compiled:
         names = [name for name, _ in model.named_parameters()]
         step = partial(whole_step, model, names, opt, autocast, task)
-        # Static shapes: every step has the same [batch_size, features] batch (the partial last
-        # batch is dropped). fullgraph: a graph break would split the step into pieces again.
-        _compiled[key] = torch.compile(step, fullgraph=True, dynamic=False)
+        path = steps_dir / artifact_name(key) if steps_dir else None
+        _compiled[key] = _load_or_compile(step, model, example, path)
     return _compiled[key]
+
+
+def artifact_name(key: tuple) -> str:
+    """The file name of the compiled step of `key` between processes: from the key, the versions
+    of Python and torch, and the trainers' source (a step compiled from older code is not reused)."""
+    named = hashlib.sha256(repr((key, sys.version, torch.__version__, _trainers_source())).encode())
+    return f"{named.hexdigest()}.pt"
+
+
+@cache
+def _trainers_source() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _load_or_compile(step: Callable, model: torch.nn.Module, example: tuple, path: Path | None) -> Callable:
+    """`step` compiled ahead of time (torch.compile's aot_compile) and saved at `path`, or loaded
+    from there when an earlier process saved it: a fresh worker skips dynamo's tracing and
+    Inductor's lowering (seconds). The file is torch's own serialisation (pickle) of what this
+    service compiled, in the workers' compile cache, like Inductor's FX graph cache beside it;
+    it is never taken from a user. Static shapes: every step has the same [batch_size, features]
+    batch (the partial last batch is dropped). fullgraph: a graph break would split the step
+    into pieces again. A file that fails to load, or whose guards refuse `example`, is compiled
+    again and replaced; where compiling ahead of time fails, the step is torch.compile'd as it
+    is called (and dynamo's callback counts it)."""
+    global compiled_ahead
+    if path is not None:
+        try:
+            with path.open("rb") as file:
+                loaded = torch.compiler.load_compiled_function(file, external_data={"model": model})
+            loaded(*_copies(example))  # its guards check the example's shapes, dtypes and devices
+            return loaded
+        except FileNotFoundError:
+            pass
+        except Exception:  # a damaged file, or one this torch can no longer read: make it again
+            log.warning("the compiled step at %s could not be used; compiling it again", path, exc_info=True)
+    compile_ = torch.compile(step, fullgraph=True, dynamic=False)
+    try:
+        compiled = compile_.aot_compile((_copies(example), {}))  # type: ignore[attr-defined]
+    except Exception:
+        log.warning("the step could not be compiled ahead of time; compiling it as it runs", exc_info=True)
+        return compile_
+    compiled_ahead += 1
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            compiled.save_compiled_function(str(path), external_data={"model": model})
+        except Exception:
+            log.warning("the compiled step could not be saved at %s", path, exc_info=True)
+    return compiled
+
+
+def _copies(example: tuple) -> tuple:
+    """`example` with its tensors (and lists of them) copied: a call updates them in place."""
+
+    def copy(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        if isinstance(value, list):
+            return [copy(item) for item in value]
+        return value
+
+    return tuple(copy(value) for value in example)
 
 
 def reset() -> None:
@@ -194,6 +273,7 @@ def make(
     autocast: Callable[[], ContextManager],
     task: str,
     key: tuple,
+    steps_dir: Path | None = None,
 ) -> FusedStep:
     """`step(x, y) -> (loss, score)`: the compiled whole step over `model`'s parameters and
     `optimizer`'s state (one optimizer step, as optimizer.step() would take it; the caller steps
@@ -202,7 +282,8 @@ def make(
 
     Each step's dropout key is drawn from torch's generator of the device (the CPU's or CUDA's),
     which the trainer seeds per epoch from (seed, epoch) and checkpoints mid-epoch: the masks
-    repeat in a resumed run."""
+    repeat in a resumed run. `steps_dir` keeps the compiled step for later processes (None: this
+    process only)."""
     opt = spec.optimizer
     params = [p.detach() for p in model.parameters()]  # aliases: updated in place, no autograd
     state = optimizer_state(opt, optimizer)
@@ -211,12 +292,13 @@ def make(
     # Optimizer steps taken so far (Adam's count; SGD needs none), for the bias corrections.
     taken = [int(state[0][0].item()) if opt.name != "sgd" else 0]
     rates = torch.tensor(rates_at(group["lr"], taken[0] + 1), dtype=torch.float32, device=device)
-    compiled = compiled_step(key, model, opt, autocast, task)
-
     model.train()
-    copies = ([p.clone() for p in params], [[t.clone() for t in ts] for ts in state])
     batch = torch.arange(spec.batch_size, device=x_train.device)
-    compiled(*copies, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32, device=device), rates.clone())
+    example = (params, state, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32, device=device), rates)
+    compiled = compiled_step(key, model, opt, autocast, task, example, steps_dir)
+    compiled(*_copies(example))  # (a step compiled as it runs is compiled here, not in the first epoch)
+    if hasattr(compiled, "disable_guard_check"):  # compiled ahead of time, its guards held for the example
+        compiled.disable_guard_check()
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         taken[0] += 1

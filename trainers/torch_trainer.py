@@ -172,7 +172,7 @@ def train(
 
     metrics, first_step_loss, progress = resume(workdir, run, report)
     # "compile": true: the step is compiled here, on one batch, so no epoch pays for it.
-    graphs_before = _graphs_compiled
+    graphs_before = _compilations()
     compile_start = time.perf_counter()
     step = make_train_step(spec, run, world)
     compile_s = time.perf_counter() - compile_start if spec.compile else 0.0
@@ -223,7 +223,7 @@ def train(
         # run, 1 for a new step and 0 for one this process compiled before; any more would be a
         # recompilation in the middle of training.
         timings={
-            **fit_timings(setup_s, compile_s, _graphs_compiled - graphs_before, metrics),
+            **fit_timings(setup_s, compile_s, _compilations() - graphs_before, metrics),
             "checkpoint_s": checkpoint_s,
         },
         result=final_result(metrics[-1], first_step_loss.item()),
@@ -251,6 +251,7 @@ class Run:
     preprocessing: Preprocessing | None = None
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # user code's loss(logits, y)
     user_code: bool = False  # the model is a user module (options.user_model)
+    compile_cache_dir: Path | None = None  # options.compile_cache_dir: compiled steps kept between processes
 
 
 def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run:
@@ -294,6 +295,7 @@ def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run
         preprocessing=Preprocessing.of(data),
         loss=options.user_model.loss if options.user_model is not None else None,
         user_code=options.user_model is not None,
+        compile_cache_dir=options.compile_cache_dir,
     )
 
 
@@ -348,7 +350,10 @@ def _whole_step(spec: JobSpec, run: Run) -> TrainStep:
     """torch_step's compiled whole step for `run`, the scheduler stepped after each step."""
     key = ("whole", *torch_step.cache_key(spec, tuple(run.x_train.shape[1:]), run.device, run.task))
     _start_compiling(key)
-    fused = torch_step.make(spec, run.model, run.optimizer, run.x_train, run.y_train, run.autocast, run.task, key)
+    steps_dir = run.compile_cache_dir / "torch-steps" if run.compile_cache_dir else None
+    fused = torch_step.make(
+        spec, run.model, run.optimizer, run.x_train, run.y_train, run.autocast, run.task, key, steps_dir
+    )
     if run.scheduler is None:
         return fused
     scheduler = run.scheduler
@@ -578,6 +583,12 @@ def _start_compiling(key: tuple) -> None:
 
 _compiled_steps: set[tuple] = set()  # the steps torch.compile holds for this process, by shape
 _graphs_compiled = 0  # graphs torch.compile (dynamo) traced and compiled in this process
+
+
+def _compilations() -> int:
+    """Graphs compiled in this process so far: dynamo's as they ran, and whole steps compiled
+    ahead of time (torch_step; one loaded from the disk is not compiled, and not counted)."""
+    return _graphs_compiled + torch_step.compiled_ahead
 
 
 def _count_graph(args: CallbackArgs) -> None:

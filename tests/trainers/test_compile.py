@@ -10,26 +10,29 @@ import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
+from safetensors.numpy import load_file
 
-from trainers import JobSpec, fit
-from trainers import torch_trainer
+from trainers import JobSpec, RunOptions, fit, torch_step, torch_trainer
 
 
 @pytest.fixture
 def fresh_dynamo():
     """Forget every compiled step, as in a new worker process."""
-    torch.compiler.reset()
-    torch_trainer._compiled_steps.clear()
+    forget_compiled_steps()
     yield
+    forget_compiled_steps()
+
+
+def forget_compiled_steps() -> None:
     torch.compiler.reset()
     torch_trainer._compiled_steps.clear()
+    torch_step.reset()  # the steps compiled ahead of time, which torch.compiler.reset() leaves
 
 
 @pytest.fixture(scope="module")
 def compiled_runs(tmp_path_factory):
     """The shared digits spec with dropout 0.2, trained eager, compiled, then compiled again."""
-    torch.compiler.reset()
-    torch_trainer._compiled_steps.clear()
+    forget_compiled_steps()
     spec = {"dataset": {"name": "digits"}, "batch_size": 16, "epochs": 3, "seed": 0, "model": {"dropout": 0.2}}
     runs = {}
     for name, compile in (("eager", False), ("compiled", True), ("again", True)):
@@ -98,6 +101,38 @@ def test_compile_gives_the_same_accuracy(compiled_runs):
     assert compiled.result["first_step_loss"] == pytest.approx(eager.result["first_step_loss"], rel=0.05)
     # Compiled runs are reproducible from the spec.
     assert again.result["test_accuracy"] == compiled.result["test_accuracy"]
+
+
+def test_a_new_worker_loads_the_compiled_step_an_earlier_one_saved(tmp_path, digits_spec, fresh_dynamo):
+    # A worker keeps each compiled step in its compile cache; a new worker process (here: this
+    # one with every compiled step forgotten) loads it instead of compiling, and trains the same.
+    spec = digits_spec("pytorch", compile=True, epochs=2, model={"dropout": 0.2})
+    options = RunOptions(compile_cache_dir=tmp_path / "cache")
+
+    def run(name: str):
+        forget_compiled_steps()
+        result = fit(spec, tmp_path / name, lambda epoch, metrics: None, options=options)
+        return result, load_file(tmp_path / name / "weights.safetensors")
+
+    (first, first_weights) = run("first")
+    [saved] = (tmp_path / "cache" / "torch-steps").iterdir()
+    (loaded, loaded_weights) = run("loaded")
+    saved.write_bytes(b"not a compiled step")
+    (recompiled, recompiled_weights) = run("recompiled")
+
+    assert first.timings["compilations"] == 1
+    assert loaded.timings["compilations"] == 0  # nothing traced or lowered: the step came from the disk
+    assert recompiled.timings["compilations"] == 1  # a damaged file is compiled again...
+    assert saved.read_bytes() != b"not a compiled step"  # ...and replaced
+    for name, weight in first_weights.items():
+        assert np.array_equal(loaded_weights[name], weight) and np.array_equal(recompiled_weights[name], weight)
+    assert learned(loaded) == learned(first) == learned(recompiled)
+    assert first.result["test_accuracy"] > 0.9
+
+
+def learned(result) -> list[tuple]:
+    """Each epoch's losses and accuracies (not its times)."""
+    return [(m.train_loss, m.train_accuracy, m.test_loss, m.test_accuracy) for m in result.metrics]
 
 
 def test_without_dropout_compiled_training_matches_eager_closely(tmp_path, digits_spec, digits_runs, fresh_dynamo):

@@ -159,13 +159,20 @@ _compiled: dict[tuple, Callable] = {}  # the compiled whole steps of this proces
 compiled_ahead = 0  # whole steps this process compiled ahead of time (dynamo's callbacks miss them)
 
 
-def cache_key(spec: JobSpec, x_shape: tuple[int, ...], device: torch.device, task: str) -> tuple:
-    """What the compiled step's graph depends on: a later job with the same key reuses it."""
+def cache_key(
+    spec: JobSpec, model: torch.nn.Module, x_shape: tuple[int, ...], device: torch.device, task: str
+) -> tuple:
+    """What the compiled step's graph depends on: a later job with the same key reuses it, its
+    guards unchecked (make). The parameters' shapes are in it: the same spec on a dataset with
+    other classes has another output layer."""
     return (
         spec.model.model_dump_json(),
-        spec.optimizer.model_dump_json(),
+        # The rate and its schedule reach the step as a tensor (rates_at): a sweep's trials over
+        # learning rates share one compiled step.
+        spec.optimizer.model_dump_json(exclude={"learning_rate", "schedule", "warmup_epochs"}),
         spec.precision,
         x_shape,
+        tuple((name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()),
         spec.batch_size,
         str(device),
         task,
@@ -240,7 +247,10 @@ def _load_or_compile(step: Callable, model: torch.nn.Module, example: tuple, pat
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() and not path.is_file():  # (torch would leave its temporary file beside it)
+                raise IsADirectoryError(f"{path} is not a file: remove it")
             compiled.save_compiled_function(str(path), external_data={"model": model})
+            path.chmod(0o644)  # (written 0600): a host's workers may run as other users
         except Exception:
             log.warning("the compiled step could not be saved at %s", path, exc_info=True)
     return compiled

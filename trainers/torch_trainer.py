@@ -348,7 +348,7 @@ def make_train_step(spec: JobSpec, run: Run, world: OneDevice | Group) -> TrainS
 
 def _whole_step(spec: JobSpec, run: Run) -> TrainStep:
     """torch_step's compiled whole step for `run`, the scheduler stepped after each step."""
-    key = ("whole", *torch_step.cache_key(spec, tuple(run.x_train.shape[1:]), run.device, run.task))
+    key = ("whole", *torch_step.cache_key(spec, run.model, tuple(run.x_train.shape[1:]), run.device, run.task))
     _start_compiling(key)
     steps_dir = run.compile_cache_dir / "torch-steps" if run.compile_cache_dir else None
     fused = torch_step.make(

@@ -6,6 +6,8 @@ second identical job reuses the compiled step, and that compiling changes nothin
 is learned.
 """
 
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from pydantic import ValidationError
 from safetensors.numpy import load_file
 
 from trainers import JobSpec, RunOptions, fit, torch_step, torch_trainer
+from trainers.dataset_file import DatasetArrays, write
 
 
 @pytest.fixture
@@ -128,6 +131,48 @@ def test_a_new_worker_loads_the_compiled_step_an_earlier_one_saved(tmp_path, dig
         assert np.array_equal(loaded_weights[name], weight) and np.array_equal(recompiled_weights[name], weight)
     assert learned(loaded) == learned(first) == learned(recompiled)
     assert first.result["test_accuracy"] > 0.9
+
+
+def test_the_same_spec_on_data_with_other_classes_gets_its_own_step(tmp_path, fresh_dynamo):
+    # Same spec, same features, another number of classes: another output layer, so the step
+    # compiled for the first dataset must not be reused (its guards are no longer checked).
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 20)).astype(np.float32)
+
+    def run(classes: int, name: str):
+        y = x[:, :classes].argmax(axis=1).astype(np.int32)
+        path = tmp_path / f"{classes}.safetensors"
+        write(path, DatasetArrays(x[:320], y[:320], x[320:], y[320:], "classification", [str(c) for c in range(classes)], "npz"))
+        info = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "task": "classification",
+                "input_shape": [20], "num_classes": classes, "train_size": 320, "test_size": 80}
+        spec = JobSpec(framework="pytorch", compile=True, epochs=2, batch_size=32,
+                       dataset={"id": "ds_" + "0" * 32, "info": info})
+        return fit(spec, tmp_path / name, lambda epoch, metrics: None, options=RunOptions(dataset_file=path))
+
+    run(3, "three")
+    after_three = run(5, "five")
+    forget_compiled_steps()
+    alone = run(5, "alone")
+
+    assert after_three.timings["compilations"] == 1
+    assert learned(after_three) == learned(alone)
+    assert alone.result["test_accuracy"] > 0.5
+
+
+def test_jobs_differing_in_learning_rate_share_the_compiled_step(tmp_path, digits_spec, fresh_dynamo):
+    # The rate reaches the step as a tensor, so a sweep over it compiles once; each job still
+    # trains as a freshly compiled one does.
+    first = fit(digits_spec("pytorch", compile=True, epochs=2), tmp_path / "first", lambda e, m: None)
+    other = digits_spec("pytorch", compile=True, epochs=2,
+                        optimizer={"learning_rate": 0.003, "schedule": "warmup_cosine", "warmup_epochs": 1})
+    shared = fit(other, tmp_path / "shared", lambda e, m: None)
+    forget_compiled_steps()
+    alone = fit(other, tmp_path / "alone", lambda e, m: None)
+
+    assert first.timings["compilations"] == 1 and shared.timings["compilations"] == 0
+    assert alone.timings["compilations"] == 1
+    assert learned(shared) == learned(alone) != learned(first)
+    assert [m.learning_rate for m in shared.metrics] == [m.learning_rate for m in alone.metrics]
 
 
 def learned(result) -> list[tuple]:

@@ -290,6 +290,22 @@ SPEC_FILE = "spec.json"
 PREPROCESSING_FILE = "preprocessing.json"
 
 
+def _sort_metadata(path: Path) -> None:
+    """Rewrite the safetensors file's `__metadata__` in sorted order, in place. safetensors writes
+    it in hash-map order, a new one at each save, so identical weights would get another sha256
+    each time. The header keeps its length (the same pairs, serialised alike); where it would
+    not, the file is left as written."""
+    with path.open("r+b") as file:
+        size = int.from_bytes(file.read(8), "little")
+        raw = file.read(size)
+        header = json.loads(raw)
+        header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) == len(raw.rstrip(b" ")):
+            file.seek(8)
+            file.write(text)
+
+
 def write_common_artifacts(
     workdir: Path,
     weights: Weights,
@@ -320,6 +336,7 @@ def write_common_artifacts(
     else:
         metadata[MODEL_METADATA] = model_metadata(spec)
     save_file(tensors, workdir / WEIGHTS_FILE, metadata=metadata)
+    _sort_metadata(workdir / WEIGHTS_FILE)
     (workdir / METRICS_FILE).write_text(json.dumps([m.to_dict() for m in metrics], indent=2, allow_nan=False))
     (workdir / SPEC_FILE).write_text(spec.model_dump_json(indent=2))
     if preprocessing is None:

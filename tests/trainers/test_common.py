@@ -75,6 +75,21 @@ def test_common_artifacts(tmp_path):
     assert JobSpec.model_validate_json((tmp_path / "spec.json").read_text()) == spec
 
 
+def test_the_same_weights_make_the_same_file(tmp_path):
+    # Users compare artifacts by their sha256: identical weights and spec, identical bytes.
+    spec = JobSpec(framework="jax", dataset={"name": "digits"})
+    weights = init_params(64, [16], 10, 0)
+    files = set()
+    for i in range(8):
+        (tmp_path / str(i)).mkdir()
+        write_common_artifacts(tmp_path / str(i), weights, [metrics(1, 1.0)], spec)
+        files.add((tmp_path / str(i) / "weights.safetensors").read_bytes())
+
+    assert len(files) == 1
+    loaded = load_file(tmp_path / "0" / "weights.safetensors")
+    np.testing.assert_array_equal(loaded["layers.0.weight"], weights["layers.0.weight"])
+
+
 def test_the_package_imports_no_framework():
     code = (
         "import sys, trainers, trainers.data, trainers.common\n"

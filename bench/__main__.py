@@ -129,6 +129,9 @@ class Config:
     scale_stream_epochs: int = 50
     # Part 9: one-epoch digits jobs submitted back to back, per framework (issue 23: over 100).
     small_jobs: int = 100
+    # The cold-start row's Inductor caches in a folder of their own, empty at first like JAX's;
+    # quick: the machine's (a smoke test; an empty one costs its first compile job ~20 s more).
+    cold_start_own_inductor_cache: bool = True
     loops: tuple[str, ...] = ISSUE_LOOPS
     one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process
 
@@ -142,7 +145,7 @@ class Config:
                    resnet_test_limit=256, resnet_rounds=1, upload_stream_bytes=64 * 1024**2,
                    upload_rounds=1, upload_csv_bytes=2 * 10**6, dataset_train_limit=1024, scale_sizes=(100, 1000),
                    scale_requests=20, scale_streams=20, scale_window_s=2.0, scale_settle_s=0.0, scale_stream_epochs=10, small_jobs=10,
-                   one_process=True)
+                   cold_start_own_inductor_cache=False, one_process=True)
 
     def scale(self) -> ScaleConfig:
         from bench.scale import ScaleConfig
@@ -497,7 +500,8 @@ def measure_part9(name: str, config: Config, database_url: str, redis_url: str, 
         log(f"{name} row skipped: {why}")
         return {"skipped": why}
     # Inductor's caches (its FX graph cache among them) in the row's own folder, fresh like JAX's.
-    extra_env = {"TORCHINDUCTOR_CACHE_DIR": str(root / name / "inductor-cache")} if name == "cold-start" else {}
+    own_cache = name == "cold-start" and config.cold_start_own_inductor_cache
+    extra_env = {"TORCHINDUCTOR_CACHE_DIR": str(root / name / "inductor-cache")} if own_cache else {}
     service = Service(database_url, redis_url, root / name, extra_env=extra_env)
     try:
         service.start()

@@ -3,7 +3,8 @@ first job on it reports its first epoch, with the compilation caches warm from a
 
 The service's own worker first runs one job of each kind (jax, pytorch, pytorch+compile), which
 fills JAX's persistent compilation cache and Inductor's FX graph cache (both under the service's
-root, shared by every worker it starts), and is then stopped. Then, for each kind in turn:
+root, shared by every worker it starts; `--quick` keeps Inductor's in the machine's cache), and
+is then stopped. Then, for each kind in turn:
 
 - a fresh `python -m workers --hardware cpu` is started; online_s runs from just before its
   process is spawned to the moment its heartbeat row is in GET /workers;

@@ -130,7 +130,7 @@ class Config:
     # Part 9: one-epoch digits jobs submitted back to back, per framework (issue 23: over 100).
     small_jobs: int = 100
     # The cold-start row's Inductor caches in a folder of their own, empty at first like JAX's;
-    # quick: the machine's (a smoke test; an empty one costs its first compile job ~20 s more).
+    # quick: the machine's (a smoke test; an empty one costs its first compile job ~18 s more).
     cold_start_own_inductor_cache: bool = True
     loops: tuple[str, ...] = ISSUE_LOOPS
     one_process: bool = False  # quick: the matmul, the loops (one round) and linearity in one process

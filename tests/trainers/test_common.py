@@ -4,6 +4,7 @@ import sys
 
 import numpy as np
 import pytest
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 from trainers.base import EpochMetrics
@@ -88,6 +89,13 @@ def test_the_same_weights_make_the_same_file(tmp_path):
     assert len(files) == 1
     loaded = load_file(tmp_path / "0" / "weights.safetensors")
     np.testing.assert_array_equal(loaded["layers.0.weight"], weights["layers.0.weight"])
+    # The rewritten header still reads, its metadata whole, and sorted in the file.
+    with safe_open(tmp_path / "0" / "weights.safetensors", "np") as f:
+        metadata = f.metadata()
+    assert {"format", "framework", "trainhub_model"} <= set(metadata) and json.loads(metadata["trainhub_model"])
+    raw = files.pop()
+    in_file = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])["__metadata__"]
+    assert list(in_file) == sorted(metadata) and in_file == metadata
 
 
 def test_the_package_imports_no_framework():

@@ -1,19 +1,26 @@
 # trainhub: `make demo` runs the main job, `make test` the tests. Both install into .venv first.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# The stamp names pyproject.toml's content: an edit reinstalls, a fresh clone of the same file
+# (newer mtimes) does not.
+STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 # Debian's package puts Fashion-MNIST here (MNIST's IDX format); the demo trains on it.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
 .PHONY: install data demo test test-fast lint bench gpu-check deploy-test deploy-images clean
 
+# A venv made for another checkout (VENV outside the clone: .ci/run keeps one per pyproject.toml)
+# has this project installed from there: it is installed again from here (editable, no deps).
 install: $(STAMP)
+	@$(PY) -I -c 'import app, sys; sys.exit(app.__file__ != "$(CURDIR)/app/__init__.py")' 2>/dev/null \
+		|| $(PY) -m pip install --quiet --no-deps -e .
 
 # torch 2.14.1 and torchvision 0.29.1 install from the build machines' local disk with pip.
-$(STAMP): pyproject.toml
+$(STAMP):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-cache-dir -e '.[train,test]'
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
 data:
@@ -26,8 +33,12 @@ data:
 demo: install data
 	$(VENV)/bin/trainhub demo --epochs 5
 
+# Two pytest-xdist workers, each test file on one of them (its module fixtures run once), each
+# worker on its own database and Redis db (tests/conftest.py): half of a lone run's time the CPU
+# waits (processes starting, jobs polled). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: install data
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
 	$(PY) -m pytest -m "not e2e"

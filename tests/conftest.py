@@ -2,7 +2,9 @@
 
 TRAINHUB_TEST_DATABASE_URL and TRAINHUB_TEST_REDIS_URL name the services (defaults: the local
 ones). With TRAINHUB_REQUIRE_SERVICES=1 (set by .ci/run) a missing service fails the tests
-instead of skipping them.
+instead of skipping them. Under pytest-xdist (`make test` runs two workers) worker gwN, N > 0,
+uses the database named with `_gwN` appended (created when missing) and the Redis db N below
+the one named, so the workers never see each other's rows or messages.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["tests.all_ran"]
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -21,6 +25,11 @@ def _unavailable(what: str, exc: Exception) -> None:
     if os.environ.get("TRAINHUB_REQUIRE_SERVICES") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def worker_index() -> int:
+    """N of pytest-xdist's worker gwN running this test; 0 without xdist."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
 
 
 def reset_caches() -> None:
@@ -47,10 +56,17 @@ def reset_caches() -> None:
 def database_url() -> str:
     """A migrated, empty PostgreSQL database."""
     from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from bench.service import ensure_database
 
     url = os.environ.get("TRAINHUB_TEST_DATABASE_URL", DEFAULT_DATABASE_URL)
+    if worker_index():
+        named = make_url(url)
+        url = named.set(database=f"{named.database}_gw{worker_index()}").render_as_string(hide_password=False)
     engine = create_engine(url)
     try:
+        ensure_database(url)
         with engine.begin() as connection:
             connection.execute(text("DROP SCHEMA public CASCADE"))
             connection.execute(text("DROP SCHEMA IF EXISTS optuna CASCADE"))  # sweeps' studies
@@ -67,9 +83,15 @@ def database_url() -> str:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
+    from urllib.parse import urlsplit
+
     import redis
 
     url = os.environ.get("TRAINHUB_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    if worker_index():
+        parts = urlsplit(url)
+        db = (int(parts.path.strip("/") or 0) - worker_index()) % 16
+        url = parts._replace(path=f"/{db}").geturl()
     try:
         redis.Redis.from_url(url).flushdb()
     except Exception as exc:

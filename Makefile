@@ -37,11 +37,12 @@ demo: install data
 # worker on its own database and Redis db (tests/conftest.py): half of a lone run's time the CPU
 # waits (processes starting, jobs polled). TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 test: install data
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST)
 
 test-fast: install
-	$(PY) -m pytest -m "not e2e"
+	$(PYTEST) -m "not e2e"
 
 # Style and types of the three packages (ruff: lint and format; mypy: types). CI runs it first.
 lint: install

@@ -69,3 +69,14 @@ def test_a_collected_test_that_never_reports_fails_the_run_naming_it(tmp_path, r
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 passed" in done.stdout
     assert "1 collected tests never ran" in done.stdout and "test_one.py::test_ghost" in done.stdout
+
+
+def test_tests_whose_ids_stay_the_same_fail_the_run_naming_them(tmp_path, repo_root):
+    # Two cases of one name in one file: even their own names cannot tell them apart.
+    (tmp_path / "conftest.py").write_text(CASES)
+    (tmp_path / "cases.txt").write_text("same same")
+
+    done = run_xdist(tmp_path, repo_root, "cases.txt")
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 collected tests share a node id" in done.stdout and "cases.txt::same" in done.stdout

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,10 +32,11 @@ from trainers.common import (
     read_model,
     read_weights,
 )
+from trainers.jax_conv import CpuConv, tiled_pool
 from trainers.layers import Layer, Op, plan_for
 from trainers.presets import layers_of
 from trainers.reference import NORM_EPS
-from trainers.spec import CONV_KERNEL, ModelSpec
+from trainers.spec import ModelSpec
 
 
 class BatchNorm(nn.Module):
@@ -68,64 +70,6 @@ class BatchNorm(nn.Module):
         return ((x32 - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias).astype(x.dtype)
 
 
-def tiled_pool(x: jax.Array, window: int, kind: str) -> jax.Array:
-    """Max or average pooling of x [B, H, W, C] over non-overlapping window x window tiles (stride =
-    window, "VALID": a partial last row or column of tiles is dropped, as PyTorch's floor mode
-    does) -> [B, H // window, W // window, C], as a reshape and a reduction.
-
-    The same values as nn.max_pool / nn.avg_pool. Why: their gradients are XLA's select-and-scatter
-    and a windowed reduction, which run as slow loops on the CPU (the bench's CNN step: 97 -> 70
-    ms on 2 cores). A reduction's gradient is elementwise; for max it goes to the tile's maximum,
-    shared equally between elements that tie (PyTorch gives it to the first; ties come from
-    equal inputs, e.g. ReLU's zeros, whose own gradient is zero)."""
-    b, h, w, c = x.shape
-    rows, cols = h // window, w // window
-    tiles = x[:, : rows * window, : cols * window].reshape(b, rows, window, cols, window, c)
-    return tiles.max(axis=(2, 4)) if kind == "max_pool" else tiles.mean(axis=(2, 4))
-
-
-class PatchConv(nn.Module):
-    """A 2-D convolution as one matmul over the k x k shifted (and strided) copies of the input
-    (im2col): x [B, H, W, C] -> [B, H', W', k*k*C] @ kernel.reshape(k*k*C, features) + bias.
-
-    The same function and parameters as nn.Conv (`kernel` [k, k, C, features] HWIO, `bias`;
-    padding "SAME" (stride 1) or "VALID"), for XLA on the CPU, whose convolution gradients inside
-    the epoch's lax.scan run as plain loops: measured on 2 cores, batch 128, conv 32 -> conv 64,
-    one train step took ~2 s with nn.Conv and ~90 ms this way (PyTorch's eager step: ~60 ms).
-    Its gradients are slices, pads and matmuls, which XLA runs at the matmul rate."""
-
-    features: int
-    kernel_size: int = CONV_KERNEL
-    strides: int = 1
-    padding: str = "SAME"
-    use_bias: bool = True
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        k, s = self.kernel_size, self.strides
-        channels = x.shape[-1]
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), (k, k, channels, self.features))
-        if self.padding == "SAME":
-            before = (k - 1) // 2
-            x = jnp.pad(x, ((0, 0), (before, k - 1 - before), (before, k - 1 - before), (0, 0)))
-        out_h, out_w = (x.shape[1] - k) // s + 1, (x.shape[2] - k) // s + 1
-        # (row offset, column offset, channel) order: the order of kernel.reshape's rows.
-        patches = jnp.concatenate(
-            [
-                x[:, i : i + s * (out_h - 1) + 1 : s, j : j + s * (out_w - 1) + 1 : s, :]
-                for i in range(k)
-                for j in range(k)
-            ],
-            axis=-1,
-        )
-        matrix = kernel.reshape(k * k * channels, self.features).astype(self.dtype)
-        out = patches.astype(self.dtype) @ matrix
-        if not self.use_bias:
-            return out
-        return out + self.param("bias", nn.initializers.zeros, (self.features,)).astype(self.dtype)
-
-
 class LayerModel(nn.Module):
     """x float32 [B, D] -> the plan's layers -> outputs [B, outputs] float32 (logits, or one value).
 
@@ -140,7 +84,7 @@ class LayerModel(nn.Module):
     ops: tuple[Op, ...]
     input_shape: tuple[int, ...]
     dtype: Any = jnp.float32
-    conv_as_matmul: bool = False  # PatchConv for 3x3 "same" convs (on the CPU: see PatchConv)
+    conv_as_matmul: bool = False  # CpuConv for every convolution (on the CPU: see trainers.jax_conv)
 
     @nn.compact
     def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -194,7 +138,7 @@ class LayerModel(nn.Module):
         filters, k, s = dict(op.params)[f"{op.name}.weight"][0], op.arg("kernel_size"), op.arg("strides")
         use_bias, padding = op.arg("use_bias"), op.arg("padding").upper()
         if self.conv_as_matmul:
-            return PatchConv(filters, k, s, padding, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
+            return CpuConv(filters, k, s, padding, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
         return nn.Conv(filters, (k, k), (s, s), padding, use_bias=use_bias, name=op.local_name, dtype=self.dtype)
 
 
@@ -214,8 +158,9 @@ class Residual(LayerModel):
         if not self.project:
             return out + x
         width = out.shape[-1]
+        conv = partial(CpuConv, kernel_size=1) if self.conv_as_matmul else partial(nn.Conv, kernel_size=(1, 1))
         projection = (
-            nn.Conv(width, (1, 1), name="projection", dtype=self.dtype)
+            conv(width, name="projection", dtype=self.dtype)
             if self.image
             else nn.Dense(width, name="projection", dtype=self.dtype)
         )

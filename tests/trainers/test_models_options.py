@@ -264,25 +264,38 @@ def test_bf16_models_compute_in_bfloat16_with_float32_params():
     np.testing.assert_allclose(torch_logits.float().detach().numpy(), forward(weights, x), atol=0.1)
 
 
-def test_the_cpu_convolution_as_a_matmul_is_nn_conv_with_the_same_params_and_gradients():
-    """PatchConv (im2col + matmul, what a JAX cnn uses on the CPU) against flax's nn.Conv."""
+@pytest.mark.parametrize(
+    "kernel, strides, padding, use_bias",
+    [(3, 1, "SAME", True), (3, 1, "VALID", False), (2, 1, "SAME", True), (5, 1, "SAME", False), (1, 1, "VALID", True),
+     (3, 2, "VALID", True)],
+)
+def test_the_cpu_convolution_is_nn_conv_with_the_same_params_and_gradients(kernel, strides, padding, use_bias):
+    """CpuConv (what a JAX model uses on the CPU: its own gradient at stride 1, im2col above)
+    against flax's nn.Conv: values, and the gradients of the input, kernel and bias."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
-    from trainers.jax_models import PatchConv
+    from trainers.jax_conv import CpuConv
 
     x = jax.random.normal(jax.random.PRNGKey(0), (4, 7, 9, 3))
-    conv = nn.Conv(5, (3, 3), padding="SAME")
+    conv = nn.Conv(5, (kernel, kernel), (strides, strides), padding=padding, use_bias=use_bias)
     params = conv.init(jax.random.PRNGKey(1), x)
     params = jax.tree.map(lambda p: p + 0.1, params)  # a nonzero bias too
-    patch = PatchConv(5)
-    assert jax.tree.map(jnp.shape, patch.init(jax.random.PRNGKey(2), x)) == jax.tree.map(jnp.shape, params)
+    ours = CpuConv(5, kernel, strides, padding, use_bias=use_bias)
+    assert jax.tree.map(jnp.shape, ours.init(jax.random.PRNGKey(2), x)) == jax.tree.map(jnp.shape, params)
 
     def loss(module):
         return lambda p, x: jnp.sum(jnp.sin(module.apply(p, x)))
 
-    np.testing.assert_allclose(patch.apply(params, x), conv.apply(params, x), rtol=1e-5, atol=1e-5)
-    for got, want in zip(jax.grad(loss(patch), argnums=(0, 1))(params, x), jax.grad(loss(conv), argnums=(0, 1))(params, x)):
-        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours.apply(params, x), conv.apply(params, x), rtol=1e-5, atol=1e-5)
+    got, want = jax.grad(loss(ours), argnums=(0, 1))(params, x), jax.grad(loss(conv), argnums=(0, 1))(params, x)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    # In bfloat16 (mixed precision): the same within bfloat16's precision, parameters' gradients float32.
+    ours16 = CpuConv(5, kernel, strides, padding, use_bias=use_bias, dtype=jnp.bfloat16)
+    got16 = jax.grad(loss(ours16))(params, x)
+    assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(got16))
+    for g, w in zip(jax.tree.leaves(got16), jax.tree.leaves(want[0])):
+        np.testing.assert_allclose(g, w, rtol=0.05, atol=0.05 * float(jnp.max(jnp.abs(w))))

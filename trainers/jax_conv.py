@@ -1,0 +1,127 @@
+"""Convolution and pooling for the JAX models on XLA's CPU backend, whose own gradients of these
+run as slow loops inside the epoch's lax.scan.
+
+XLA's CPU compiler hands a convolution to Eigen (at the matmul rate) only when its dimensions
+are in the canonical order: input NHWC, kernel HWIO, output NHWC. The convolutions JAX derives
+for a gradient are not (the kernel's gradient contracts over the batch, the input's uses the
+kernel as HWOI), so XLA runs them as plain loops: ~2 s a train step of the bench's CNN against
+~60 ms in PyTorch. `conv2d` gives the same function a gradient of canonical convolutions only;
+`CpuConv` is nn.Conv with it. Measured on 2 cores (batch 128, conv 32 -> conv 64 on 14 x 14,
+2026-12-03): the bench's CNN epoch 7.2-8.3 s with the convolution as one im2col matmul, the
+previous way, 5.9-6.3 s with `conv2d`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from trainers.spec import CONV_KERNEL
+
+Padding = tuple[tuple[int, int], tuple[int, int]]
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _conv(x: jax.Array, kernel: jax.Array, padding: Padding) -> jax.Array:
+    return jax.lax.conv_general_dilated(x, kernel, (1, 1), padding, dimension_numbers=NHWC)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def conv2d(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, padding: Padding) -> jax.Array:
+    """Stride-1 2-D convolution plus bias: x [B, H, W, C], kernel [k, k, C, F] (HWIO), bias [F]
+    or None, padding ((top, bottom), (left, right)) -> [B, H + top + bottom - k + 1, W + left +
+    right - k + 1, F], nn.Conv's values.
+
+    Its gradient is two convolutions in XLA's canonical order: the input's, the output gradient
+    convolved with the kernel flipped and transposed (padding k - 1 - p); the kernel's, the input
+    as [C, H, W, B] "convolved" with the output gradient as [H', W', B, F], the batch contracted
+    like an input channel. A channel of ones beside the input's gives the bias's gradient (the
+    output gradient's sum over batch and positions) in the same pass."""
+    return _forward(x, kernel, bias, padding)[0]
+
+
+Residuals = tuple[jax.Array, jax.Array, jax.Array | None]
+
+
+def _forward(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, padding: Padding) -> tuple[jax.Array, Residuals]:
+    out = _conv(x, kernel, padding)
+    return (out if bias is None else out + bias.astype(out.dtype)), (x, kernel, bias)
+
+
+def _backward(padding: Padding, residuals: Residuals, g: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    x, kernel, bias = residuals
+    k = kernel.shape[0]
+    flipped = jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2)
+    (top, bottom), (left, right) = padding
+    dx = _conv(g, flipped, ((k - 1 - top, k - 1 - bottom), (k - 1 - left, k - 1 - right)))
+    channels = x.transpose(3, 1, 2, 0)
+    if bias is not None:
+        channels = jnp.concatenate([channels, jnp.ones_like(channels[:1])])
+    dw = _conv(channels, g.transpose(1, 2, 0, 3), padding)  # [C (+1), k, k, F]
+    if bias is None:
+        return dx, dw.transpose(1, 2, 0, 3), None
+    # The ones channel at the unshifted offset: every output position's gradient once.
+    db = dw[-1, top, left]
+    return dx, dw[:-1].transpose(1, 2, 0, 3), db.astype(bias.dtype)
+
+
+conv2d.defvjp(_forward, _backward)
+
+
+class CpuConv(nn.Module):
+    """nn.Conv (the same parameters, `kernel` [k, k, C, features] HWIO and `bias`; padding "SAME"
+    or "VALID") for XLA on the CPU: x [B, H, W, C] -> [B, H', W', features]. A stride of 1 is
+    `conv2d`; a larger one, one matmul over the k x k strided copies of the input (im2col), whose
+    gradients are slices, pads and matmuls."""
+
+    features: int
+    kernel_size: int = CONV_KERNEL
+    strides: int = 1
+    padding: str = "SAME"
+    use_bias: bool = True
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, s = self.kernel_size, self.strides
+        channels = x.shape[-1]
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (k, k, channels, self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,)) if self.use_bias else None
+        before = (k - 1) // 2 if self.padding == "SAME" else 0
+        pad = (before, k - 1 - before) if self.padding == "SAME" else (0, 0)
+        x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
+        if s == 1:
+            return conv2d(x, kernel, None if bias is None else bias.astype(self.dtype), (pad, pad))
+        x = jnp.pad(x, ((0, 0), pad, pad, (0, 0)))
+        out_h, out_w = (x.shape[1] - k) // s + 1, (x.shape[2] - k) // s + 1
+        # (row offset, column offset, channel) order: the order of kernel.reshape's rows.
+        patches = jnp.concatenate(
+            [
+                x[:, i : i + s * (out_h - 1) + 1 : s, j : j + s * (out_w - 1) + 1 : s, :]
+                for i in range(k)
+                for j in range(k)
+            ],
+            axis=-1,
+        )
+        out = patches @ kernel.reshape(k * k * channels, self.features)
+        return out if bias is None else out + bias.astype(self.dtype)
+
+
+def tiled_pool(x: jax.Array, window: int, kind: str) -> jax.Array:
+    """Max or average pooling of x [B, H, W, C] over non-overlapping window x window tiles (stride =
+    window, "VALID": a partial last row or column of tiles is dropped, as PyTorch's floor mode
+    does) -> [B, H // window, W // window, C], as a reshape and a reduction.
+
+    The same values as nn.max_pool / nn.avg_pool. Why: their gradients are XLA's select-and-scatter
+    and a windowed reduction, which run as slow loops on the CPU (the bench's CNN step: 97 -> 70
+    ms on 2 cores). A reduction's gradient is elementwise; for max it goes to the tile's maximum,
+    shared equally between elements that tie (PyTorch gives it to the first; ties come from
+    equal inputs, e.g. ReLU's zeros, whose own gradient is zero)."""
+    b, h, w, c = x.shape
+    rows, cols = h // window, w // window
+    tiles = x[:, : rows * window, : cols * window].reshape(b, rows, window, cols, window, c)
+    return tiles.max(axis=(2, 4)) if kind == "max_pool" else tiles.mean(axis=(2, 4))

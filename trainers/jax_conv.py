@@ -26,8 +26,29 @@ Padding = tuple[tuple[int, int], tuple[int, int]]
 NHWC = ("NHWC", "HWIO", "NHWC")
 
 
+# Eigen's convolution of an input with few channels (an image's 1 or 3) is slower than one matmul
+# over its k x k shifted copies: 4.8 against 1.5 ms for 3x3, 1 -> 32 channels, 128 x 28 x 28;
+# 5.3 / 4.1 ms with 3 channels; 7.9 / 9.5 ms with 8 (2 cores, 2026-12-03).
+MATMUL_PATCH_ROW = 27
+
+
 def _conv(x: jax.Array, kernel: jax.Array, padding: Padding) -> jax.Array:
     return jax.lax.conv_general_dilated(x, kernel, (1, 1), padding, dimension_numbers=NHWC)
+
+
+def im2col_conv(x: jax.Array, kernel: jax.Array, strides: int, padding: Padding) -> jax.Array:
+    """The convolution of x [B, H, W, C] with kernel [k, k, C, F] as one matmul: the k x k
+    shifted (and strided) copies of the padded input side by side, [B, H', W', k*k*C], times the
+    kernel as [k*k*C, F]. Its gradients are slices, pads and matmuls."""
+    k, s = kernel.shape[0], strides
+    x = jnp.pad(x, ((0, 0), *padding, (0, 0)))
+    out_h, out_w = (x.shape[1] - k) // s + 1, (x.shape[2] - k) // s + 1
+    # (row offset, column offset, channel) order: the order of kernel.reshape's rows.
+    patches = jnp.concatenate(
+        [x[:, i : i + s * (out_h - 1) + 1 : s, j : j + s * (out_w - 1) + 1 : s, :] for i in range(k) for j in range(k)],
+        axis=-1,
+    )
+    return patches @ kernel.reshape(-1, kernel.shape[-1])
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -40,7 +61,8 @@ def conv2d(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, padding: Pad
     convolved with the kernel flipped and transposed (padding k - 1 - p); the kernel's, the input
     as [C, H, W, B] "convolved" with the output gradient as [H', W', B, F], the batch contracted
     like an input channel. A channel of ones beside the input's gives the bias's gradient (the
-    output gradient's sum over batch and positions) in the same pass."""
+    output gradient's sum over batch and positions) in the same pass. The forward pass is
+    `im2col_conv` when the input has few channels (k*k*C <= MATMUL_PATCH_ROW), else Eigen's."""
     return _forward(x, kernel, bias, padding)[0]
 
 
@@ -48,7 +70,8 @@ Residuals = tuple[jax.Array, jax.Array, jax.Array | None]
 
 
 def _forward(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, padding: Padding) -> tuple[jax.Array, Residuals]:
-    out = _conv(x, kernel, padding)
+    k, channels = kernel.shape[0], kernel.shape[2]
+    out = im2col_conv(x, kernel, 1, padding) if k * k * channels <= MATMUL_PATCH_ROW else _conv(x, kernel, padding)
     return (out if bias is None else out + bias.astype(out.dtype)), (x, kernel, bias)
 
 
@@ -75,8 +98,7 @@ conv2d.defvjp(_forward, _backward)
 class CpuConv(nn.Module):
     """nn.Conv (the same parameters, `kernel` [k, k, C, features] HWIO and `bias`; padding "SAME"
     or "VALID") for XLA on the CPU: x [B, H, W, C] -> [B, H', W', features]. A stride of 1 is
-    `conv2d`; a larger one, one matmul over the k x k strided copies of the input (im2col), whose
-    gradients are slices, pads and matmuls."""
+    `conv2d`; a larger one, `im2col_conv`."""
 
     features: int
     kernel_size: int = CONV_KERNEL
@@ -96,18 +118,7 @@ class CpuConv(nn.Module):
         x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
         if s == 1:
             return conv2d(x, kernel, None if bias is None else bias.astype(self.dtype), (pad, pad))
-        x = jnp.pad(x, ((0, 0), pad, pad, (0, 0)))
-        out_h, out_w = (x.shape[1] - k) // s + 1, (x.shape[2] - k) // s + 1
-        # (row offset, column offset, channel) order: the order of kernel.reshape's rows.
-        patches = jnp.concatenate(
-            [
-                x[:, i : i + s * (out_h - 1) + 1 : s, j : j + s * (out_w - 1) + 1 : s, :]
-                for i in range(k)
-                for j in range(k)
-            ],
-            axis=-1,
-        )
-        out = patches @ kernel.reshape(k * k * channels, self.features)
+        out = im2col_conv(x, kernel, s, (pad, pad))
         return out if bias is None else out + bias.astype(self.dtype)
 
 
@@ -116,12 +127,48 @@ def tiled_pool(x: jax.Array, window: int, kind: str) -> jax.Array:
     window, "VALID": a partial last row or column of tiles is dropped, as PyTorch's floor mode
     does) -> [B, H // window, W // window, C], as a reshape and a reduction.
 
-    The same values as nn.max_pool / nn.avg_pool. Why: their gradients are XLA's select-and-scatter
-    and a windowed reduction, which run as slow loops on the CPU (the bench's CNN step: 97 -> 70
-    ms on 2 cores). A reduction's gradient is elementwise; for max it goes to the tile's maximum,
-    shared equally between elements that tie (PyTorch gives it to the first; ties come from
-    equal inputs, e.g. ReLU's zeros, whose own gradient is zero)."""
+    The same values as nn.max_pool / nn.avg_pool, and PyTorch's gradients: for max, each tile's
+    gradient goes to its first maximum in row-major order (`_tiled_max`). Why: their gradients
+    are XLA's select-and-scatter and a windowed reduction, which run as slow loops on the CPU (the
+    bench's CNN step: 97 -> 70 ms on 2 cores)."""
+    if kind == "max_pool":
+        return _tiled_max(x, window)
+    return _tiles(x, window).mean(axis=(2, 4))
+
+
+def _tiles(x: jax.Array, window: int) -> jax.Array:
     b, h, w, c = x.shape
     rows, cols = h // window, w // window
-    tiles = x[:, : rows * window, : cols * window].reshape(b, rows, window, cols, window, c)
-    return tiles.max(axis=(2, 4)) if kind == "max_pool" else tiles.mean(axis=(2, 4))
+    return x[:, : rows * window, : cols * window].reshape(b, rows, window, cols, window, c)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _tiled_max(x: jax.Array, window: int) -> jax.Array:
+    return _tiles(x, window).max(axis=(2, 4))
+
+
+def _tiled_max_forward(x: jax.Array, window: int) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    out = _tiled_max(x, window)
+    return out, (x, out)
+
+
+def _tiled_max_backward(window: int, residuals: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[jax.Array]:
+    # One elementwise pass per tile position, each taking the gradient where no earlier position
+    # held the maximum: cheaper on the CPU than counting the ties of a tile (a reduction).
+    x, out = residuals
+    tiles = _tiles(x, window)
+    taken = jnp.zeros(out.shape, bool)
+    rows = []
+    for i in range(window):
+        row = []
+        for j in range(window):
+            first = (tiles[:, :, i, :, j] == out) & ~taken
+            taken = taken | first
+            row.append(jnp.where(first, g, jnp.zeros_like(g)))
+        rows.append(jnp.stack(row, axis=3))
+    dx = jnp.stack(rows, axis=2).reshape(x.shape[0], out.shape[1] * window, out.shape[2] * window, x.shape[3])
+    dropped = x.shape[1] - dx.shape[1], x.shape[2] - dx.shape[2]
+    return (jnp.pad(dx, ((0, 0), (0, dropped[0]), (0, dropped[1]), (0, 0))),)
+
+
+_tiled_max.defvjp(_tiled_max_forward, _tiled_max_backward)

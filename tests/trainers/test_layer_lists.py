@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
 from trainers import jax_models, reference, torch_models
+from trainers.jax_conv import tiled_pool
 from trainers.layers import Layer, LayerError, plan
 from trainers.spec import JobSpec
 
@@ -244,17 +245,21 @@ def test_review_findings_are_refused_or_counted():
 
 @pytest.mark.parametrize("kind", ["max_pool", "avg_pool"])
 @pytest.mark.parametrize("size", [(8, 8), (7, 9)])
-def test_tiled_pooling_has_pytorchs_values_and_gradients(kind, size):
-    """The JAX models pool non-overlapping tiles by a reshape (jax_models.tiled_pool): the values
-    and input gradients of PyTorch's pooling (floor mode: a partial last tile is dropped)."""
+@pytest.mark.parametrize("ties", [False, True])
+def test_tiled_pooling_has_pytorchs_values_and_gradients(kind, size, ties):
+    """The JAX models pool non-overlapping tiles by a reshape (jax_conv.tiled_pool): the values
+    and input gradients of PyTorch's pooling (floor mode: a partial last tile is dropped; a max
+    tile's gradient to its first maximum when several tie)."""
     import jax
     import jax.numpy as jnp
 
-    x = np.random.default_rng(0).standard_normal((2, *size, 3)).astype(np.float32)  # NHWC, no ties
+    x = np.random.default_rng(0).standard_normal((2, *size, 3)).astype(np.float32)  # NHWC
+    if ties:  # most tiles hold equal values, some all four
+        x = np.maximum(np.round(x), 0)
     weights = np.random.default_rng(1).standard_normal((2, size[0] // 2, size[1] // 2, 3)).astype(np.float32)
 
     def jax_loss(x):
-        return jnp.sum(jax_models.tiled_pool(x, 2, kind) * weights)
+        return jnp.sum(tiled_pool(x, 2, kind) * weights)
 
     value, grad = jax.value_and_grad(jax_loss)(jnp.asarray(x))
     xt = torch.tensor(x.transpose(0, 3, 1, 2), requires_grad=True)

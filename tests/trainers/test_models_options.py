@@ -265,20 +265,21 @@ def test_bf16_models_compute_in_bfloat16_with_float32_params():
 
 
 @pytest.mark.parametrize(
-    "kernel, strides, padding, use_bias",
-    [(3, 1, "SAME", True), (3, 1, "VALID", False), (2, 1, "SAME", True), (5, 1, "SAME", False), (1, 1, "VALID", True),
-     (3, 2, "VALID", True)],
+    "channels, kernel, strides, padding, use_bias",
+    [(3, 3, 1, "SAME", True), (4, 3, 1, "SAME", True), (5, 3, 1, "VALID", False), (3, 2, 1, "SAME", True),
+     (3, 5, 1, "SAME", False), (3, 1, 1, "VALID", True), (3, 3, 2, "VALID", True)],
 )
-def test_the_cpu_convolution_is_nn_conv_with_the_same_params_and_gradients(kernel, strides, padding, use_bias):
-    """CpuConv (what a JAX model uses on the CPU: its own gradient at stride 1, im2col above)
-    against flax's nn.Conv: values, and the gradients of the input, kernel and bias."""
+def test_the_cpu_convolution_is_nn_conv_with_the_same_params_and_gradients(channels, kernel, strides, padding, use_bias):
+    """CpuConv (what a JAX model uses on the CPU: its own gradient at stride 1, its forward pass
+    one matmul with 3 channels or fewer, im2col above stride 1) against flax's nn.Conv: values,
+    and the gradients of the input, kernel and bias."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
     from trainers.jax_conv import CpuConv
 
-    x = jax.random.normal(jax.random.PRNGKey(0), (4, 7, 9, 3))
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 7, 9, channels))
     conv = nn.Conv(5, (kernel, kernel), (strides, strides), padding=padding, use_bias=use_bias)
     params = conv.init(jax.random.PRNGKey(1), x)
     params = jax.tree.map(lambda p: p + 0.1, params)  # a nonzero bias too

@@ -36,7 +36,8 @@ It prints the tables and a PASS/FAIL line per target of issue 3, and writes benc
 `--quick` runs every part at toy sizes (1-2 minutes): a smoke test of the code, not a
 measurement. `--only api` runs part 7 alone (the service started, no training jobs), for work on
 the API's throughput; `--only scale` part 8 alone, its figures merged into the results file
-(`--only small-jobs` and `--only cold-start` the same for part 9's two rows).
+(`--only small-jobs` and `--only cold-start` the same for part 9's two rows, `--only models`
+for the CNN and resnet8 rows, their floors from matmul probes before and after them).
 The service parts use their own database and Redis db (see --database-url,
 --redis-url; the database is created when the server has none of its name) and are skipped,
 saying why, when those are unreachable.
@@ -100,10 +101,11 @@ class Config:
     api_workers: int = 2
     matmul_sizes: str = "2048,3072"
     # The CNN rows: both trainers on the same CNN spec, on a slice of the data (an epoch of the
-    # full 60000 costs ~40 s on 2 cores), one process per loop.
+    # full 60000 costs ~30 s on 2 cores), one process per loop and round, the order reversed in the
+    # second round; each loop's best round counts, as for the MLP loops.
     cnn_epochs: int = 3
     cnn_train_limit: int | None = 12800
-    cnn_rounds: int = 1
+    cnn_rounds: int = 2
     # The resnet8 rows, the same way: ~2.5 s (PyTorch) and ~7 s (JAX) an epoch of 4096 samples on
     # 2 cores; two rounds, the order reversed in the second, as the two are held against each other.
     # The test split is cut too: evaluation is not in the epoch's time, only in the run's.
@@ -587,6 +589,59 @@ def run_service_only(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def probe_matmul(config: Config, env: dict[str, str], when: str) -> dict:
+    """One matmul probe (bench.loops matmul) in a fresh process, labelled `when`."""
+    log(f"machine: matmul rate ({when})")
+    return {"when": when, **run_loops(["matmul"], loop_args(config), env)["matmul"]}
+
+
+def model_floors(config: Config, results: dict, gflops: float) -> None:
+    """The CNN's and resnet8's floors in `results` (where those rows ran) at `gflops` GFLOP/s."""
+    if "cnn" in results:
+        cnn_flops = flops_model.cnn_flops_per_epoch(results["cnn"]["samples"])
+        results["cnn"]["floor"] = {**cnn_flops, "floor_s": flops_model.floor_s(cnn_flops["flops"], gflops)}
+    if "resnet8" in results:
+        resnet = results["resnet8"]
+        resnet["floor"] = resnet_floor(config, resnet, gflops)
+        for loop in resnet["loops"].values():
+            loop["vs_floor"] = loop["steady_s"] / resnet["floor"]["floor_s"]
+
+
+def run_models_only(config: Config, args: argparse.Namespace) -> int:
+    """`--only models`: the CNN and resnet8 rows alone, the matmul rate probed before and after
+    them for their floors (the best probe, held in each row as `matmul_gflops`); their figures
+    and verdicts replace those in the results file (bench/results.json unless --out), the other
+    parts' are kept."""
+    started = time.perf_counter()
+    out_path = args.out or DEFAULT_OUT
+    results: dict = json.loads(out_path.read_text()) if out_path.exists() else {"config": asdict(config)}
+    rows: dict = {}
+    with tempfile.TemporaryDirectory(prefix="trainhub-bench-") as tmp:
+        env = {**os.environ, "TRAINHUB_COMPILE_CACHE_DIR": str(Path(tmp) / "jax-cache-direct")}
+        probes = [probe_matmul(config, env, "before the models")]
+        rows["cnn"] = measure_cnn(config, env)
+        rows["resnet8"] = measure_resnet(config, env)
+        probes.append(probe_matmul(config, env, "after the models"))
+    gflops = max(p["gflops"] for p in probes)
+    model_floors(config, rows, gflops)
+    when = datetime.fromtimestamp(time.time() - (time.perf_counter() - started), timezone.utc)
+    for row in rows.values():
+        row.update(matmul_gflops=gflops, started_at=when.isoformat(timespec="seconds"), quick=args.quick,
+                   host={"cpus": len(os.sched_getaffinity(0)), "load_avg_at_end": os.getloadavg()})
+    results.update(rows)
+    verdicts = report.criteria(results)
+    results["criteria"] = [c.to_dict() for c in verdicts]
+    mine = [c for c in verdicts if "CNN" in c.name or "resnet8" in c.name]
+    print("\n".join([f"matmul {gflops:.0f} GFLOP/s (fp32, the best of {len(probes)} probes)",
+                     *report.cnn_table(results), "", *report.resnet_table(results), "",
+                     *report.criteria_lines(mine)]), flush=True)
+    if not args.quick or args.out:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {out_path}")
+    return 0
+
+
 def run_api_only(config: Config, args: argparse.Namespace) -> int:
     """`--only api`: the service started, the API load and its verdicts; nothing else."""
     started = time.perf_counter()
@@ -626,11 +681,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-cnn", action="store_true", help="skip the CNN rows (both trainers on the CNN)")
     parser.add_argument("--skip-resnet", action="store_true",
                         help="skip the resnet8 rows (both trainers on the resnet8 preset)")
-    parser.add_argument("--only", choices=["api", "scale", "service", "small-jobs", "cold-start"],
+    parser.add_argument("--only", choices=["api", "scale", "service", "small-jobs", "cold-start", "models"],
                         help="run one part alone: api (POST and GET load against the service; results written only "
                              "with --out), scale (the scale row), service (the service's jobs, the user-code row, "
-                             "worker RSS), small-jobs or cold-start (part 9's rows); the last four are merged into "
-                             "the results file")
+                             "worker RSS), small-jobs or cold-start (part 9's rows), models (the CNN and resnet8 "
+                             "rows, between two matmul probes); all but api are merged into the results file")
     parser.add_argument("--small-jobs", type=int, help="jobs per framework in the small-jobs row (default 100; "
                                                        "quick 10)")
     parser.add_argument("--skip-scale", action="store_true", help="skip the scale row (part 8)")
@@ -667,6 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_scale_only(config, args)
     if args.only == "service":
         return run_service_only(config, args)
+    if args.only == "models":
+        return run_models_only(config, args)
     if args.only in ("small-jobs", "cold-start"):
         return run_part9_only(args.only, config, args)
     out_path = args.out or (None if args.quick else DEFAULT_OUT)
@@ -687,8 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         # The matmul rate is probed before, between and after the loops: the machine's limit is
         # the best of the probes, as the loops' figures are the best of their rounds.
         def probe(when: str) -> dict:
-            log(f"machine: matmul rate ({when})")
-            return {"when": when, **run_loops(["matmul"], loop_args(config), env)["matmul"]}
+            return probe_matmul(config, env, when)
 
         done = measure_all_in_one_process(config, env) if config.one_process else None
         probes = [{"when": "with the loops", **done["matmul"]}] if done else [probe("before the loops")]
@@ -711,14 +767,7 @@ def main(argv: list[str] | None = None) -> int:
                               "step_matmuls_ms": step_ms, "probes": probes}
         results["floor"] = {**flops, "floor_s": flops_model.floor_s(flops["flops"], best["gflops"]),
                             "floor_needed_s": flops_model.floor_s(flops["flops_needed"], best["gflops"])}
-        if "cnn" in results:
-            cnn_flops = flops_model.cnn_flops_per_epoch(results["cnn"]["samples"])
-            results["cnn"]["floor"] = {**cnn_flops, "floor_s": flops_model.floor_s(cnn_flops["flops"], best["gflops"])}
-        if "resnet8" in results:
-            resnet = results["resnet8"]
-            resnet["floor"] = resnet_floor(config, resnet, best["gflops"])
-            for loop in resnet["loops"].values():
-                loop["vs_floor"] = loop["steady_s"] / resnet["floor"]["floor_s"]
+        model_floors(config, results, best["gflops"])
 
         if args.skip_service:
             results["service"] = {"skipped": "--skip-service"}

@@ -13,9 +13,11 @@ from pathlib import Path
 from app.stack import Stack, free_port
 
 
-def trainhub(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def trainhub(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`trainhub *args` in a shell with `env`; killed after `timeout` seconds (a command that
+    waits, such as `--wait --timeout N`, needs more than its own N)."""
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
     )
 
 

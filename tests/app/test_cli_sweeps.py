@@ -238,7 +238,7 @@ def test_wait_shows_the_trials_best_first_and_ends_with_the_best_one(cli_env, tm
     )
     try:
         args = ("--method", "grid", "--max-trials", "3", "--parallelism", "2", "--wait", "--timeout", "240", "--json")
-        watched = trainhub(cli_env, "sweep", "--spec", base, "--space", space, *args)
+        watched = trainhub(cli_env, "sweep", "--spec", base, "--space", space, *args, timeout=300)
     finally:
         worker.terminate()
         worker.wait(timeout=30)

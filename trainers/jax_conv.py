@@ -167,7 +167,8 @@ def _tiled_max_backward(window: int, residuals: tuple[jax.Array, jax.Array], g: 
     for i in range(window):
         row = []
         for j in range(window):
-            first = (tiles[:, :, i, :, j] == out) & ~taken
+            tile = tiles[:, :, i, :, j]
+            first = ((tile == out) | jnp.isnan(tile)) & ~taken  # a NaN is its tile's maximum, as in PyTorch
             taken = taken | first
             row.append(jnp.where(first, g, jnp.zeros_like(g)))
         rows.append(jnp.stack(row, axis=3))

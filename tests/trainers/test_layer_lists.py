@@ -245,7 +245,7 @@ def test_review_findings_are_refused_or_counted():
 
 @pytest.mark.parametrize("kind", ["max_pool", "avg_pool"])
 @pytest.mark.parametrize("size", [(8, 8), (7, 9)])
-@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("ties", [False, True])  # ties: with a NaN too
 def test_tiled_pooling_has_pytorchs_values_and_gradients(kind, size, ties):
     """The JAX models pool non-overlapping tiles by a reshape (jax_conv.tiled_pool): the values
     and input gradients of PyTorch's pooling (floor mode: a partial last tile is dropped; a max
@@ -254,8 +254,9 @@ def test_tiled_pooling_has_pytorchs_values_and_gradients(kind, size, ties):
     import jax.numpy as jnp
 
     x = np.random.default_rng(0).standard_normal((2, *size, 3)).astype(np.float32)  # NHWC
-    if ties:  # most tiles hold equal values, some all four
+    if ties:  # most tiles hold equal values, some all four; one holds a NaN
         x = np.maximum(np.round(x), 0)
+        x[0, 0, 1, 0] = np.nan
     weights = np.random.default_rng(1).standard_normal((2, size[0] // 2, size[1] // 2, 3)).astype(np.float32)
 
     def jax_loss(x):
@@ -266,5 +267,7 @@ def test_tiled_pooling_has_pytorchs_values_and_gradients(kind, size, ties):
     pool = F.max_pool2d if kind == "max_pool" else F.avg_pool2d
     torch_value = (pool(xt, 2) * torch.from_numpy(weights.transpose(0, 3, 1, 2))).sum()
     torch_value.backward()
+    pooled = np.asarray(tiled_pool(jnp.asarray(x), 2, kind))
+    np.testing.assert_allclose(pooled, pool(xt, 2).detach().numpy().transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(value), torch_value.item(), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(grad), xt.grad.numpy().transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-6)

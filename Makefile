@@ -11,9 +11,12 @@ FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
 # A venv made for another checkout (VENV outside the clone: .ci/run keeps one per pyproject.toml)
 # has this project installed from there: it is installed again from here (editable, no deps).
+# Then our modules' bytecode: where PYTHONDONTWRITEBYTECODE is set (as on the build machines)
+# every process (a worker starting, the CLI, a test's subprocess) compiled them again (~50 ms).
 install: $(STAMP)
 	@$(PY) -I -c 'import app, sys; sys.exit(app.__file__ != "$(CURDIR)/app/__init__.py")' 2>/dev/null \
 		|| $(PY) -m pip install --quiet --no-deps -e .
+	@$(PY) -m compileall -q -j 0 app workers trainers bench tests >/dev/null
 
 # torch 2.14.1 and torchvision 0.29.1 install from the build machines' local disk with pip.
 $(STAMP):

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 from trainers.spec import FRAMEWORKS, HARDWARE
 from workers.hardware import detect, pin
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"trainhub worker: cannot store artifacts ({settings.artifact_store}): {exc}", file=sys.stderr)
         return 2
-    from workers.identity import Heartbeat, register
+    from workers.identity import Heartbeat, beat, broker_reachable, register
 
     if not schema_current():  # most starts find it migrated: no Alembic, no migration lock
         migrate()
@@ -106,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
 
     identity, heartbeat = register(caps), None
     try:
-        # Online first; the reconciler (and its imports) is first needed a heartbeat later.
-        heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile_later)
+        # Online once Celery consumes, so a job submitted then is taken at once (a beat before
+        # Celery's ~0.3 s start told clients to expect that sooner). A worker whose broker does
+        # not answer beats now instead: listed, as not online, rather than missing. The
+        # reconciler (and its imports) is first needed a heartbeat later.
+        consuming_first = broker_reachable()
+        heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile_later, beat_now=not consuming_first)
         print(
             f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}", flush=True
         )
@@ -122,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         from workers import warm_up
 
         served = {queue.split(".")[1] for queue in caps.queues}
-        warm_up.start([f for f in settings.warm_up.split(",") if f in served])
+        warm = [f for f in settings.warm_up.split(",") if f in served]
+        if consuming_first:  # the warm-up's imports would slow Celery's start: they follow it
+            once_consuming(lambda: beat(identity), lambda: warm_up.start(warm))
+        else:
+            warm_up.start(warm)
         if stop_when_ready:  # stopped while starting
             return 0
         celery.worker_main(
@@ -148,6 +157,20 @@ def reconcile_later() -> None:
     from workers.reconciler import reconcile
 
     reconcile()
+
+
+def once_consuming(*steps: Callable[[], object]) -> None:
+    """Run `steps` in turn when Celery is ready (consuming its queues), in its thread; a step that
+    raises is logged (the heartbeat thread's next beat is the fallback) and the next one runs."""
+    from celery.signals import worker_ready
+
+    @worker_ready.connect(weak=False)
+    def _run(**_: object) -> None:
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # e.g. the database is away for the first beat
+                logging.getLogger(__name__).warning("once consuming: %s: %s", type(exc).__name__, exc)
 
 
 def stop_once_celery_is_ready() -> list[int]:

@@ -107,15 +107,19 @@ def broker_reachable(timeout_s: float = 2.0) -> bool:
 
 
 class Heartbeat:
-    """Beats now, then every `interval_s` seconds in a daemon thread, each beat followed by `tick`
-    (the reconciler). It beats while a job trains: that is how others know this worker lives.
-    `stop()` ends it and deletes the row: a worker that stopped cleanly is gone at once, rather
-    than online for another worker_timeout_s (a crashed one keeps its row, and that timeout)."""
+    """Beats now (unless not `beat_now`), then every `interval_s` seconds in a daemon thread, each
+    beat followed by `tick` (the reconciler). It beats while a job trains: that is how others know
+    this worker lives. `stop()` ends it and deletes the row: a worker that stopped cleanly is gone
+    at once, rather than online for another worker_timeout_s (a crashed one keeps its row, and
+    that timeout)."""
 
-    def __init__(self, identity: WorkerIdentity, interval_s: float, tick: Callable[[], None]) -> None:
+    def __init__(
+        self, identity: WorkerIdentity, interval_s: float, tick: Callable[[], None], beat_now: bool = True
+    ) -> None:
         self.identity = identity
         self._stop = threading.Event()
-        beat(identity)
+        if beat_now:
+            beat(identity)
 
         def loop() -> None:
             while not self._stop.wait(interval_s):

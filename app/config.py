@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app import failures
 from trainers import spec as hard  # JobSpec's absolute bounds: a setting may lower them, never raise them
+from trainers.base import COMPILE_CACHE_MAX_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class Settings(BaseSettings):
     - data_dir: where MNIST-format data is looked for first (read by trainers/data.py).
     - compile_cache_dir: the persistent compilation cache shared by a host's workers: JAX's
       programs, and PyTorch's compiled whole steps in `torch-steps/` (default `<var_dir>/jax-cache`).
+    - compile_cache_max_bytes: each framework's part of it is kept within this many bytes, the
+      least recently used programs removed first (default 2 GiB).
     - api_key: the key the CLI sends as `Authorization: Bearer ...`.
     - api_url: where the CLI finds the API.
 
@@ -79,6 +82,7 @@ class Settings(BaseSettings):
     s3_secret_access_key: SecretStr | None = None
     data_dir: Path | None = None
     compile_cache_dir: Path | None = None
+    compile_cache_max_bytes: int = Field(COMPILE_CACHE_MAX_BYTES, ge=1024**2)
     api_key: str | None = None
     api_url: str = "http://127.0.0.1:8000"
     # PostgreSQL connections per process (SQLAlchemy's pool): kept open, and more opened for a

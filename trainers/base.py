@@ -147,6 +147,11 @@ def check_finite_weights(weights: dict, epoch: int) -> None:
             raise NanLoss(epoch, float(np.asarray(value)[~np.isfinite(value)].flat[0]), f"weights ({name})")
 
 
+# A host's compiled programs for a year of jobs of many shapes: within 2 GiB per framework (a
+# program or a compiled step is ~0.1-5 MB), the least recently used leaving first.
+COMPILE_CACHE_MAX_BYTES = 2 * 1024**3
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """Where a run finds what lies outside its spec, passed by the caller (a worker fills it from
@@ -156,6 +161,8 @@ class RunOptions:
     OS location, downloads into ~/.cache/trainhub/data; see trainers/data.py).
     compile_cache_dir: the persistent compilation cache shared by a host's workers (None: none):
     JAX's programs, and PyTorch's compiled whole steps in its torch-steps/ (trainers.torch_step).
+    compile_cache_max_bytes: each framework's part of compile_cache_dir is kept within this many
+    bytes, the least recently used entries removed first (JAX's by its own LRU cache).
     dataset_file: an uploaded dataset the spec names by id, in trainers.dataset_file's form,
     fetched (and its sha256 checked) by the caller.
     user_model: a spec with user code (model.code): its loaded entrypoint (trainers.user_code),
@@ -167,6 +174,7 @@ class RunOptions:
 
     data_dir: Path | None = None
     compile_cache_dir: Path | None = None
+    compile_cache_max_bytes: int = COMPILE_CACHE_MAX_BYTES
     dataset_file: Path | None = None
     user_model: UserModel | None = None
     keep_programs: bool = False

@@ -103,7 +103,7 @@ def fit(spec: JobSpec, workdir: Path, report: Report, should_stop: ShouldStop, o
     """
     start = time.perf_counter()
     _check_backend(spec.hardware)
-    _use_compile_cache(options.compile_cache_dir)
+    _use_compile_cache(options.compile_cache_dir, options.compile_cache_max_bytes)
     run = prepare(spec, options)
     setup_s = time.perf_counter() - start
 
@@ -730,12 +730,18 @@ def _check_backend(hardware: str) -> None:
         raise HardwareMismatch(hardware, backend, "jax")
 
 
-def _use_compile_cache(directory: Path | None) -> None:
-    """Keep compiled programs in `directory`, when given, across worker restarts."""
+def _use_compile_cache(directory: Path | None, max_bytes: int) -> None:
+    """Keep compiled programs in `directory`, when given, across worker restarts, within
+    `max_bytes` (JAX's LRU cache removes the least recently used programs beyond it)."""
     cache_dir = str(directory) if directory else None
     # jax.config reads its flags as attributes, which its stub does not declare.
-    if not cache_dir or jax.config.jax_compilation_cache_dir == cache_dir:  # type: ignore[attr-defined]
+    config = jax.config
+    if not cache_dir or (
+        config.jax_compilation_cache_dir == cache_dir  # type: ignore[attr-defined]
+        and config.jax_compilation_cache_max_size == max_bytes  # type: ignore[attr-defined]
+    ):
         return
+    jax.config.update("jax_compilation_cache_max_size", max_bytes)  # read when the cache is made
     compilation_cache.set_cache_dir(cache_dir)
     # A compile before this one may have settled "no cache" for the process: start afresh.
     compilation_cache.reset_cache()

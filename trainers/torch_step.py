@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from trainers.base import COMPILE_CACHE_MAX_BYTES
 from trainers.spec import JobSpec, OptimizerSpec
 from trainers.torch_models import LayerModel, score_sum, task_loss
 
@@ -187,6 +189,7 @@ def compiled_step(
     task: str,
     example: tuple,
     steps_dir: Path | None = None,
+    steps_max_bytes: int = COMPILE_CACHE_MAX_BYTES,
 ) -> Callable:
     """The torch.compile'd whole_step for `key`, made now or reused: from this process's earlier
     jobs, else from `steps_dir` (an earlier process's, see _load_or_compile). A reused one calls
@@ -197,7 +200,7 @@ def compiled_step(
         names = [name for name, _ in model.named_parameters()]
         step = partial(whole_step, model, names, opt, autocast, task)
         path = steps_dir / artifact_name(key) if steps_dir else None
-        _compiled[key] = _load_or_compile(step, model, example, path)
+        _compiled[key] = _load_or_compile(step, model, example, path, steps_max_bytes)
     return _compiled[key]
 
 
@@ -216,7 +219,9 @@ def _trainers_source() -> str:
     return digest.hexdigest()
 
 
-def _load_or_compile(step: Callable, model: torch.nn.Module, example: tuple, path: Path | None) -> Callable:
+def _load_or_compile(
+    step: Callable, model: torch.nn.Module, example: tuple, path: Path | None, max_bytes: int
+) -> Callable:
     """`step` compiled ahead of time (torch.compile's aot_compile) and saved at `path`, or loaded
     from there when an earlier process saved it: a fresh worker skips dynamo's tracing and
     Inductor's lowering (seconds). The file is torch's own serialisation (pickle) of what this
@@ -225,13 +230,15 @@ def _load_or_compile(step: Callable, model: torch.nn.Module, example: tuple, pat
     batch (the partial last batch is dropped). fullgraph: a graph break would split the step
     into pieces again. A file that fails to load, or whose guards refuse `example`, is compiled
     again and replaced; where compiling ahead of time fails, the step is torch.compile'd as it
-    is called (and dynamo's callback counts it)."""
+    is called (and dynamo's callback counts it). A file loaded is marked used (its mtime); one
+    saved is followed by evict_least_recent(max_bytes)."""
     global compiled_ahead
     if path is not None:
         try:
             with path.open("rb") as file:
                 loaded = torch.compiler.load_compiled_function(file, external_data={"model": model})
             loaded(*_copies(example))  # its guards check the example's shapes, dtypes and devices
+            _mark_used(path)
             return loaded
         except FileNotFoundError:
             pass
@@ -251,9 +258,44 @@ def _load_or_compile(step: Callable, model: torch.nn.Module, example: tuple, pat
                 raise IsADirectoryError(f"{path} is not a file: remove it")
             compiled.save_compiled_function(str(path), external_data={"model": model})
             path.chmod(0o644)  # (written 0600): a host's workers may run as other users
+            evict_least_recent(path.parent, max_bytes, keep=path)
         except Exception:
             log.warning("the compiled step could not be saved at %s", path, exc_info=True)
     return compiled
+
+
+def _mark_used(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # removed meanwhile by another worker's eviction, or a read-only cache: no matter
+        pass
+
+
+def evict_least_recent(directory: Path, max_bytes: int, keep: Path) -> int:
+    """Remove the compiled steps (*.pt) of `directory` used least recently (by mtime: when saved or
+    last loaded) until the rest fit in `max_bytes`, never `keep` (the one just saved). Returns how
+    many were removed. Another worker of the host may be evicting or loading at the same time: a
+    file gone already is skipped, and a worker whose file goes compiles its step again."""
+    entries = []
+    for file in directory.glob("*.pt"):
+        try:
+            stat = file.stat()
+        except FileNotFoundError:
+            continue
+        entries.append((stat.st_mtime, stat.st_size, file))
+    total, removed = sum(size for _, size, _ in entries), 0
+    for _, size, file in sorted(entries):
+        if total <= max_bytes:
+            break
+        if file == keep:
+            continue
+        try:
+            file.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+        total -= size
+    return removed
 
 
 def _copies(example: tuple) -> tuple:
@@ -284,6 +326,7 @@ def make(
     task: str,
     key: tuple,
     steps_dir: Path | None = None,
+    steps_max_bytes: int = COMPILE_CACHE_MAX_BYTES,
 ) -> FusedStep:
     """`step(x, y) -> (loss, score)`: the compiled whole step over `model`'s parameters and
     `optimizer`'s state (one optimizer step, as optimizer.step() would take it; the caller steps
@@ -293,7 +336,7 @@ def make(
     Each step's dropout key is drawn from torch's generator of the device (the CPU's or CUDA's),
     which the trainer seeds per epoch from (seed, epoch) and checkpoints mid-epoch: the masks
     repeat in a resumed run. `steps_dir` keeps the compiled step for later processes (None: this
-    process only)."""
+    process only), its files within `steps_max_bytes` (evict_least_recent)."""
     opt = spec.optimizer
     params = [p.detach() for p in model.parameters()]  # aliases: updated in place, no autograd
     state = optimizer_state(opt, optimizer)
@@ -305,7 +348,7 @@ def make(
     model.train()
     batch = torch.arange(spec.batch_size, device=x_train.device)
     example = (params, state, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32, device=device), rates)
-    compiled = compiled_step(key, model, opt, autocast, task, example, steps_dir)
+    compiled = compiled_step(key, model, opt, autocast, task, example, steps_dir, steps_max_bytes)
     compiled(*_copies(example))  # (a step compiled as it runs is compiled here, not in the first epoch)
     if hasattr(compiled, "disable_guard_check"):  # compiled ahead of time, its guards held for the example
         compiled.disable_guard_check()

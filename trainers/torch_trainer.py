@@ -29,6 +29,7 @@ import torch
 
 from trainers import torch_checkpoint, torch_masks, torch_step
 from trainers.base import (
+    COMPILE_CACHE_MAX_BYTES,
     HAND_BACK_REASONS,
     EpochMetrics,
     FitResult,
@@ -252,6 +253,7 @@ class Run:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # user code's loss(logits, y)
     user_code: bool = False  # the model is a user module (options.user_model)
     compile_cache_dir: Path | None = None  # options.compile_cache_dir: compiled steps kept between processes
+    compile_cache_max_bytes: int = COMPILE_CACHE_MAX_BYTES  # options': the steps kept within it
 
 
 def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run:
@@ -296,6 +298,7 @@ def prepare(spec: JobSpec, world: OneDevice | Group, options: RunOptions) -> Run
         loss=options.user_model.loss if options.user_model is not None else None,
         user_code=options.user_model is not None,
         compile_cache_dir=options.compile_cache_dir,
+        compile_cache_max_bytes=options.compile_cache_max_bytes,
     )
 
 
@@ -352,7 +355,16 @@ def _whole_step(spec: JobSpec, run: Run) -> TrainStep:
     _start_compiling(key)
     steps_dir = run.compile_cache_dir / "torch-steps" if run.compile_cache_dir else None
     fused = torch_step.make(
-        spec, run.model, run.optimizer, run.x_train, run.y_train, run.autocast, run.task, key, steps_dir
+        spec,
+        run.model,
+        run.optimizer,
+        run.x_train,
+        run.y_train,
+        run.autocast,
+        run.task,
+        key,
+        steps_dir,
+        run.compile_cache_max_bytes,
     )
     if run.scheduler is None:
         return fused

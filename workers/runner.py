@@ -199,6 +199,7 @@ def run_options(dataset_file: Path | None = None) -> trainers.RunOptions:
     return trainers.RunOptions(
         data_dir=settings.data_dir,
         compile_cache_dir=settings.resolved_compile_cache_dir(),
+        compile_cache_max_bytes=settings.compile_cache_max_bytes,
         dataset_file=dataset_file,
         keep_programs=True,  # the next job of the same shape reuses this one's compiled programs
     )

@@ -7,6 +7,7 @@ is learned.
 """
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -131,6 +132,38 @@ def test_a_new_worker_loads_the_compiled_step_an_earlier_one_saved(tmp_path, dig
         assert np.array_equal(loaded_weights[name], weight) and np.array_equal(recompiled_weights[name], weight)
     assert learned(loaded) == learned(first) == learned(recompiled)
     assert first.result["test_accuracy"] > 0.9
+
+
+def test_compiled_steps_past_the_cache_bound_leave_the_least_recently_used_first(tmp_path, digits_spec, fresh_dynamo):
+    # A year of jobs of many shapes: the host's compiled steps stay within compile_cache_max_bytes.
+    cache = tmp_path / "cache"
+
+    def run(hidden: int, max_bytes: int):
+        forget_compiled_steps()  # a new worker each time: the step comes from the disk or is compiled
+        spec = digits_spec("pytorch", compile=True, epochs=1, model={"hidden_sizes": [hidden]})
+        options = RunOptions(compile_cache_dir=cache, compile_cache_max_bytes=max_bytes)
+        return fit(spec, tmp_path / f"{hidden}-{len(list(tmp_path.iterdir()))}", lambda e, m: None, options=options)
+
+    run(32, 2**40)
+    [first] = (cache / "torch-steps").iterdir()
+    run(48, first.stat().st_size + 1)  # room for about one step: the first one goes
+    [second] = (cache / "torch-steps").iterdir()
+    again = run(32, 2**40)
+
+    assert second != first
+    assert again.timings["compilations"] == 1  # its step was evicted: compiled again, and kept again
+    assert len(list((cache / "torch-steps").iterdir())) == 2
+
+
+def test_eviction_keeps_the_steps_used_last_and_the_one_just_saved(tmp_path):
+    for age, name in enumerate(["old", "used", "new"]):
+        (tmp_path / f"{name}.pt").write_bytes(b"x" * 10)
+        os.utime(tmp_path / f"{name}.pt", (1000 + age, 1000 + age))
+    os.utime(tmp_path / "old.pt", (2000, 2000))  # loaded since: used most recently
+    removed = torch_step.evict_least_recent(tmp_path, 20, keep=tmp_path / "new.pt")
+    assert removed == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["new.pt", "old.pt"]
+    assert torch_step.evict_least_recent(tmp_path, 5, keep=tmp_path / "new.pt") == 1  # the one saved stays
+    assert [p.name for p in tmp_path.iterdir()] == ["new.pt"]
 
 
 def test_the_same_spec_on_data_with_other_classes_gets_its_own_step(tmp_path, fresh_dynamo):

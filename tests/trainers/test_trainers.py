@@ -219,6 +219,29 @@ def test_jax_persistent_compilation_cache(tmp_path):
     assert any(name.startswith("jit_train_chunk") for name in os.listdir(tmp_path / "cache"))
 
 
+def test_the_jax_compile_cache_keeps_within_its_bound_dropping_the_least_recently_used(tmp_path):
+    # A year of jobs of many shapes: JAX's persistent cache stays within compile_cache_max_bytes.
+    code = (
+        "import sys, tempfile; from pathlib import Path; from trainers import JobSpec, RunOptions, fit\n"
+        "options = RunOptions(compile_cache_dir=Path(sys.argv[1]), compile_cache_max_bytes=int(sys.argv[2]))\n"
+        "for hidden in sys.argv[3:]:\n"
+        "    spec = JobSpec(framework='jax', dataset={'name': 'digits'}, epochs=1, model={'hidden_sizes': [int(hidden)]})\n"
+        "    fit(spec, Path(tempfile.mkdtemp()), lambda *_: None, options=options)\n"
+    )
+
+    def programs(*hidden: int, cache: Path, max_bytes: int = 2**40) -> dict[str, int]:
+        subprocess.run([sys.executable, "-c", code, str(cache), str(max_bytes), *map(str, hidden)], check=True,
+                       cwd=Path(__file__).parents[2])
+        return {p.name: p.stat().st_size for p in cache.iterdir() if p.name.endswith("-cache")}
+
+    alone = programs(32, cache=tmp_path / "alone")
+    bound = 3 * sum(alone.values()) // 2  # room for one model's programs, not two
+    kept = programs(32, 48, cache=tmp_path / "bounded", max_bytes=bound)
+    assert sum(kept.values()) <= bound
+    assert set(alone) - set(kept)  # some of the first model's programs went...
+    assert set(kept) - set(alone)  # ...the second's stayed
+
+
 def test_evaluation_in_batches_matches_the_whole_set_at_once(digits_runs, monkeypatch):
     # The test set is evaluated EVAL_BATCH examples at a time (a wide CNN cannot hold the
     # activations of 10,000 at once): a batch size that leaves a ragged last batch changes nothing.

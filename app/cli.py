@@ -462,6 +462,7 @@ SPEC_OPTIONS = {
     "name": ("name",),
     "priority": ("priority",),
     "webhook_url": ("webhook_url",),
+    "compile": ("compile",),
 }
 
 
@@ -503,6 +504,10 @@ def submit(
     name: Optional[str] = None,
     priority: Annotated[Optional[Priority], typer.Option(help=PRIORITY_HELP)] = None,
     webhook_url: Annotated[Optional[str], typer.Option(help=WEBHOOK_HELP)] = None,
+    compile: Annotated[
+        Optional[bool],
+        typer.Option("--compile/--no-compile", help="PyTorch: torch.compile the train step (default off)"),
+    ] = None,
     spec_file: Annotated[
         Optional[Path], typer.Option("--spec", help="a JobSpec JSON file; options given with it override its fields")
     ] = None,
@@ -530,6 +535,7 @@ def submit(
         name=name,
         priority=priority.value if priority else None,
         webhook_url=webhook_url,
+        compile=compile,
     )
     if timeout is not None and not wait:
         fail("--timeout is for --wait: it says how long to watch the job")

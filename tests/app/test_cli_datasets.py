@@ -117,3 +117,14 @@ def test_dataset_option_sets_the_id_for_an_uploaded_dataset_and_the_name_for_a_b
     assert spec_from_options(spec_file, dataset=dataset_id) == {"dataset": {"id": dataset_id, "train_limit": 100}}
     spec_file.write_text(json.dumps({"dataset": {"id": dataset_id, "validation_split": 0.1}}))
     assert spec_from_options(spec_file, dataset="digits") == {"dataset": {"name": "digits", "validation_split": 0.1}}
+
+
+def test_submit_compile_asks_for_a_compiled_pytorch_step_and_no_compile_overrides_a_spec_file(cli_env, tmp_path):
+    submitted = trainhub(cli_env, "submit", "--framework", "pytorch", "--dataset", "digits", "--compile", "--json")
+    assert submitted.returncode == 0, said(submitted)
+    assert json.loads(submitted.stdout)["spec"]["compile"] is True
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"framework": "pytorch", "compile": True}))
+    assert spec_from_options(spec_file, compile=False) == {"framework": "pytorch", "compile": False}
+    refused = trainhub(cli_env, "submit", "--framework", "pytorch", "--hardware", "tpu", "--compile")
+    assert refused.returncode != 0 and "compile" in said(refused)  # PyTorch on TPU cannot compile

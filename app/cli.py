@@ -1113,8 +1113,8 @@ def demo(
         Path, typer.Option(help="where the embedded stack keeps its files", envvar="TRAINHUB_VAR_DIR")
     ] = Path("var"),
 ) -> None:
-    """Start the embedded stack, train the seeds' MNIST MLP in JAX and in PyTorch through the
-    HTTP API, print them side by side, and stop the stack."""
+    """Start the embedded stack, train the seeds' MLP (on Fashion-MNIST by default) in JAX and in
+    PyTorch through the HTTP API, print them side by side, and stop the stack."""
     from app.demo import run_demo
 
     raise typer.Exit(run_demo(epochs=epochs, dataset=dataset, var_dir=var_dir))

@@ -1,4 +1,4 @@
-"""`make demo`: the seeds' MNIST MLP trained in JAX and in PyTorch through the embedded stack."""
+"""`make demo`: the seeds' MLP (784-256-128-10) trained in JAX and in PyTorch through the embedded stack."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def watch(client: TrainhubClient, job_ids: list[str]) -> list[dict]:
 
 
 def side_by_side(jobs: list[dict], weights: dict[str, Path]) -> Table:
-    table = Table(title="The seeds' MNIST MLP, trained by trainhub")
+    table = Table(title=f"The seeds' MLP on {jobs[0]['spec']['dataset']['name']}, trained by trainhub")
     table.add_column("")
     for job in jobs:
         table.add_column(job["spec"]["framework"], justify="right", overflow="fold")

@@ -293,8 +293,9 @@ PREPROCESSING_FILE = "preprocessing.json"
 def _sort_metadata(path: Path) -> None:
     """Rewrite the safetensors file's `__metadata__` in sorted order, in place. safetensors writes
     it in hash-map order, a new one at each save, so identical weights would get another sha256
-    each time. The header keeps its length (the same pairs, serialised alike); where it would
-    not, the file is left as written."""
+    each time. The header keeps its length (the same pairs, serialised alike) and is written over
+    in place; where it would not, the file is written again with the new header (padded with
+    spaces to 8 bytes, as safetensors pads it: the tensors' offsets count from its end)."""
     with path.open("r+b") as file:
         size = int.from_bytes(file.read(8), "little")
         raw = file.read(size)
@@ -304,6 +305,12 @@ def _sort_metadata(path: Path) -> None:
         if len(text) == len(raw.rstrip(b" ")):
             file.seek(8)
             file.write(text)
+            return
+        tensors = file.read()
+        text += b" " * (-len(text) % 8)
+        file.seek(0)
+        file.write(len(text).to_bytes(8, "little") + text + tensors)
+        file.truncate()
 
 
 def write_common_artifacts(

@@ -98,6 +98,35 @@ def test_the_same_weights_make_the_same_file(tmp_path):
     assert list(in_file) == sorted(metadata) and in_file == metadata
 
 
+def test_a_header_serialised_otherwise_is_sorted_too_and_its_tensors_kept(tmp_path):
+    # A header our serialisation would make shorter (here: spaces after every separator): the file
+    # is written again around the new header rather than left in hash-map order.
+    from safetensors.numpy import save_file
+
+    from trainers import common
+
+    path = tmp_path / "w.safetensors"
+    tensors = {"b": np.arange(5, dtype=np.float32), "a": np.ones((3, 2), dtype=np.float32)}
+    save_file(tensors, path, metadata={"z": "1", "m": "é", "a": "3"})
+    raw = path.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    loose = json.dumps(json.loads(raw[8 : 8 + size]), separators=(", ", ": "), ensure_ascii=False).encode()
+    loose += b" " * (-len(loose) % 8)
+    path.write_bytes(len(loose).to_bytes(8, "little") + loose + raw[8 + size :])
+
+    common._sort_metadata(path)
+
+    rewritten = path.read_bytes()
+    size = int.from_bytes(rewritten[:8], "little")
+    assert size % 8 == 0 and size < len(loose)
+    assert list(json.loads(rewritten[8 : 8 + size])["__metadata__"]) == ["a", "m", "z"]
+    loaded = load_file(path)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(loaded[name], value)
+    with safe_open(path, "np") as f:
+        assert f.metadata() == {"z": "1", "m": "é", "a": "3"}
+
+
 def test_the_package_imports_no_framework():
     code = (
         "import sys, trainers, trainers.data, trainers.common\n"

@@ -147,6 +147,12 @@ def check_finite_weights(weights: dict, epoch: int) -> None:
             raise NanLoss(epoch, float(np.asarray(value)[~np.isfinite(value)].flat[0]), f"weights ({name})")
 
 
+# Where a run keeps its checkpoint in its workdir (a job handed back resumes from it): PyTorch's
+# file (trainers.torch_checkpoint), JAX's Orbax folder (trainers.jax_checkpoint). Named here, so
+# a worker can find them without importing a framework.
+CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_DIR = "checkpoints"
+
 # A host's compiled programs for a year of jobs of many shapes: within 2 GiB per framework (a
 # program or a compiled step is ~0.1-5 MB), the least recently used leaving first.
 COMPILE_CACHE_MAX_BYTES = 2 * 1024**3

@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from trainers.base import EpochMetrics
+from trainers.base import CHECKPOINT_DIR, EpochMetrics
 
 if TYPE_CHECKING:  # for annotations only: no import at run time
     import orbax.checkpoint as ocp
     from flax.training.train_state import TrainState
-
-CHECKPOINT_DIR = "checkpoints"
 
 
 @dataclass(frozen=True)

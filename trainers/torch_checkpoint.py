@@ -16,9 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trainers.base import EpochMetrics
-
-CHECKPOINT_FILE = "checkpoint.pt"
+from trainers.base import CHECKPOINT_FILE, EpochMetrics
 
 
 @dataclass

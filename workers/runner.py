@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from app.config import get_settings
 from app.db import get_engine, is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
+from trainers.base import CHECKPOINT_DIR, CHECKPOINT_FILE
 from trainers.spec import PRIORITIES, JobSpec
 from workers import dataset_cache, user_code
 
@@ -477,14 +479,16 @@ def finish(job_id: str, attempt: int, status: JobStatus, trial: bool = True, **v
             return lifecycle.finish(session, job_id, attempt, status, **values)
 
     try:
-        retrying(attempt_finish)
+        ended = retrying(attempt_finish)
     except (ValueError, StatementError) as exc:  # e.g. a NaN in timings or result: JSON has none
         if is_transient(exc):
             raise  # the database stayed away: the reconciler requeues the job
         values = {"error": failure_of(job_id, exc).as_error()}
         status = JobStatus.FAILED
-        retrying(attempt_finish)
+        ended = retrying(attempt_finish)
     log.info("job %s %s", job_id, status)
+    if ended:
+        drop_checkpoint(job_id)
     if not trial:
         return status
     try:
@@ -492,6 +496,17 @@ def finish(job_id: str, attempt: int, status: JobStatus, trial: bool = True, **v
     except Exception:  # the reconciler takes the sweep's turn later
         log.exception("job %s: its sweep's turn failed; the reconciler takes it later", job_id)
     return status
+
+
+def drop_checkpoint(job_id: str) -> None:
+    """An ended job never resumes: its checkpoint (the params and opt_state, about three times
+    the weights with Adam) leaves the worker's disk now rather than with the job's retention."""
+    workdir = get_settings().resolved_artifact_dir() / job_id
+    try:
+        (workdir / CHECKPOINT_FILE).unlink(missing_ok=True)
+        shutil.rmtree(workdir / CHECKPOINT_DIR, ignore_errors=True)
+    except OSError as exc:  # retention removes it with the job's folder
+        log.warning("job %s: its checkpoint could not be removed: %s", job_id, exc)
 
 
 def _sweeps():  # type: ignore[no-untyped-def]  # the module, typed as app.sweeps.service

@@ -36,7 +36,7 @@ from app.code.package import _checked_name
 from app.config import get_settings
 from app.db import session_scope
 from app.models import CodeUpload, JobLog
-from trainers.base import METRIC_FIELDS, EpochMetrics, FitResult
+from trainers.base import CHECKPOINT_DIR, CHECKPOINT_FILE, METRIC_FIELDS, EpochMetrics, FitResult
 from trainers.spec import JobSpec
 from workers import cgroup, sandbox
 
@@ -59,11 +59,9 @@ LOG_EVENT_BYTES = 256 * 1024  # of the child's output streamed as `log` events (
 LOG_LINE_CHARS = 4000  # a longer line is streamed in pieces of this many characters
 LOG_FLUSH_S = 1.0  # the worker stores the lines read at most this often (one row each time)
 # What stays in a user-code job's folder after its child ends: the artifacts, logs.txt and the
-# trainers' checkpoints (a job handed back resumes from them). All else the child wrote goes.
-# (The checkpoints' names are torch_checkpoint.CHECKPOINT_FILE's and jax_checkpoint.CHECKPOINT_DIR's,
-# spelled out: importing those would import the frameworks into the worker.)
-KEPT_NAMES = {*ARTIFACT_NAMES, LOG_FILE, "checkpoint.pt"}
-CHECKPOINT_DIR = "checkpoints"  # a JAX job's
+# trainers' checkpoints (a job handed back resumes from them; a JAX job's is CHECKPOINT_DIR). All
+# else the child wrote goes.
+KEPT_NAMES = {*ARTIFACT_NAMES, LOG_FILE, CHECKPOINT_FILE}
 DISK_CHECK_S = 1.0  # how often the worker adds up the folder while the child runs
 MAX_FOLDER_ENTRIES = 10_000  # files and folders a child may make in its job's folder
 START_SLACK_CPU_S = 120  # CPU seconds of the child's start (imports, data) on top of max_runtime_s

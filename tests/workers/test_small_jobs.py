@@ -43,6 +43,18 @@ def test_a_one_epoch_job_stores_its_weights_and_says_where_its_time_went(api, au
     assert job["timings"]["checkpoint_s"] == 0  # none after the last epoch: the weights are stored
 
 
+@pytest.mark.parametrize("framework", ["jax", "pytorch"])
+def test_an_ended_job_leaves_no_checkpoint_on_the_workers_disk(api, auth, framework):
+    from app.config import get_settings
+
+    job = run(api, auth, {**DIGITS, "framework": framework, "epochs": 3})
+    folder = get_settings().resolved_artifact_dir() / job["id"]
+
+    assert job["timings"]["checkpoint_s"] > 0  # it checkpointed while it ran (after epochs 1 and 2)
+    assert (folder / "weights.safetensors").is_file()
+    assert not (folder / "checkpoint.pt").exists() and not (folder / "checkpoints").exists()
+
+
 def test_the_second_job_of_a_spec_reuses_the_compiled_programs_with_the_same_results(api, auth):
     from trainers import jax_trainer
 

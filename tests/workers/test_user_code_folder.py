@@ -16,7 +16,7 @@ from workers.user_code import UserCodeFailed, _check_folder, _clean_folder
 
 def test_the_kept_names_are_the_trainers_checkpoints_and_the_artifacts():
     assert torch_checkpoint.CHECKPOINT_FILE in user_code.KEPT_NAMES
-    assert jax_checkpoint.CHECKPOINT_DIR == user_code.CHECKPOINT_DIR
+    assert jax_checkpoint.CHECKPOINT_DIR == user_code.CHECKPOINT_DIR  # kept as a folder, in a JAX job
     assert {*user_code.ARTIFACT_NAMES, user_code.LOG_FILE} <= user_code.KEPT_NAMES
 
 

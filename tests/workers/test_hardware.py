@@ -44,8 +44,11 @@ def heartbeat_rows():
                  "devices": w.devices, "versions": sorted(w.versions), "current_job_id": w.current_job_id}
                 for w in session.scalars(select(Worker).where(Worker.name.contains(f":{os.getpid()}:")))]
 
-def worker_loop(argv):  # the worker loop itself is not under test here: what it would run with is
-    worker_argv.extend(argv)
+def worker_loop(argv):  # the worker loop itself is not under test here: what it would run with is,
+    worker_argv.extend(argv)  # and that the first heartbeat waits for it to be ready (consuming)
+    rows["before_ready"] = heartbeat_rows()
+    from celery.signals import worker_ready
+    worker_ready.send(sender=None)
     rows["while_serving"] = heartbeat_rows()
 
 celery.worker_main = worker_loop
@@ -91,8 +94,10 @@ def test_cpu_worker_is_pinned_before_import_and_registers_what_it_serves(service
     assert "--pool=solo" in argv and "--concurrency=1" in argv
     assert "--queues=cpu.jax,cpu.pytorch" in argv
     assert result["prefetch"] == 1 and result["acks_late"] is True
-    # the heartbeat row says who it is and what it serves; stopping deletes it
+    # the heartbeat row, written once Celery is ready (a job submitted then is taken at once), says
+    # who it is and what it serves; stopping deletes it
     name = next(line.split()[2] for line in done.stdout.splitlines() if line.startswith("trainhub worker "))
+    assert result["heartbeat_rows"]["before_ready"] == []
     [row] = result["heartbeat_rows"]["while_serving"]
     assert row["name"] == name and row["hardware"] == "cpu" and row["queues"] == ["cpu.jax", "cpu.pytorch"]
     assert row["devices"] == ["cpu:0"] and row["versions"] == ["jax", "pytorch"]

@@ -742,12 +742,28 @@ def _use_compile_cache(directory: Path | None, max_bytes: int) -> None:
     ):
         return
     jax.config.update("jax_compilation_cache_max_size", max_bytes)  # read when the cache is made
+    _add_access_times(Path(cache_dir))
     compilation_cache.set_cache_dir(cache_dir)
     # A compile before this one may have settled "no cache" for the process: start afresh.
     compilation_cache.reset_cache()
     # The defaults skip programs that compile in under a second; an MLP step is one of those.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def _add_access_times(directory: Path) -> None:
+    """Give each entry of JAX's cache in `directory` that has none its access-time file, as if used
+    now. JAX's bounded cache keeps `<key>-atime` beside each `<key>-cache` and fails every later
+    write (with a warning only) while an entry lacks one: entries written unbounded (by an older
+    worker) or by a worker killed between the two writes would stop the cache taking programs."""
+    now = time.time_ns().to_bytes(8, "little")  # (JAX's own format: lru_cache.LRUCache)
+    for entry in directory.glob("*-cache") if directory.is_dir() else ():
+        access_time = entry.with_name(entry.name.removesuffix("-cache") + "-atime")
+        if not access_time.exists():
+            try:
+                access_time.write_bytes(now)
+            except OSError as exc:  # another user's cache: JAX reports what it cannot write itself
+                log.warning("compile cache entry %s has no access time and none could be written: %s", entry, exc)
 
 
 _programs_built = 0  # XLA programs compiled or loaded from the persistent cache, process-wide

@@ -196,11 +196,14 @@ def compiled_step(
     the first job's module with this job's parameters (functional_call): same spec, same module;
     the modules hold no buffers. `example` is whole_step's arguments after the partial, on which
     it is compiled."""
-    if key not in _compiled:
-        names = [name for name, _ in model.named_parameters()]
-        step = partial(whole_step, model, names, opt, autocast, task)
-        path = steps_dir / artifact_name(key) if steps_dir else None
-        _compiled[key] = _load_or_compile(step, model, example, path, steps_max_bytes)
+    path = steps_dir / artifact_name(key) if steps_dir else None
+    if key in _compiled:
+        if path is not None:
+            _mark_used(path)  # in use on this worker: the last to leave the host's cache
+        return _compiled[key]
+    names = [name for name, _ in model.named_parameters()]
+    step = partial(whole_step, model, names, opt, autocast, task)
+    _compiled[key] = _load_or_compile(step, model, example, path, steps_max_bytes)
     return _compiled[key]
 
 
@@ -273,27 +276,35 @@ def _mark_used(path: Path) -> None:
 
 def evict_least_recent(directory: Path, max_bytes: int, keep: Path) -> int:
     """Remove the compiled steps (*.pt) of `directory` used least recently (by mtime: when saved or
-    last loaded) until the rest fit in `max_bytes`, never `keep` (the one just saved). Returns how
-    many were removed. Another worker of the host may be evicting or loading at the same time: a
-    file gone already is skipped, and a worker whose file goes compiles its step again."""
-    entries = []
+    last used) until the rest fit in `max_bytes`, never `keep` (the one just saved) unless it is
+    alone larger than the bound: then it goes, and the others stay. Returns how many were
+    removed. Another worker of the host may be evicting or loading at the same time: a file gone
+    already is skipped, and a worker whose file goes compiles its step again; a file this
+    process may not remove (another user's) is left, and still counts."""
+    others, kept = [], 0
     for file in directory.glob("*.pt"):
         try:
             stat = file.stat()
         except FileNotFoundError:
             continue
-        entries.append((stat.st_mtime, stat.st_size, file))
-    total, removed = sum(size for _, size, _ in entries), 0
-    for _, size, file in sorted(entries):
+        if file == keep:
+            kept = stat.st_size
+        else:
+            others.append((stat.st_mtime, stat.st_size, file))
+    if kept > max_bytes:
+        others, kept = [(0.0, kept, keep)], 0
+    total, removed = kept + sum(size for _, size, _ in others), 0
+    for _, size, file in sorted(others):
         if total <= max_bytes:
             break
-        if file == keep:
-            continue
         try:
             file.unlink()
             removed += 1
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            log.warning("could not remove the compiled step %s from the cache: %s", file, exc)
+            continue
         total -= size
     return removed
 

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except StoreUnavailable as exc:
         print(f"trainhub worker: cannot store artifacts ({settings.artifact_store}): {exc}", file=sys.stderr)
         return 2
-    from workers.identity import Heartbeat, beat, broker_reachable, register
+    from workers.identity import Heartbeat, broker_reachable, register
 
     if not schema_current():  # most starts find it migrated: no Alembic, no migration lock
         migrate()
@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     identity, heartbeat = register(caps), None
     try:
         # Online once Celery consumes, so a job submitted then is taken at once (a beat before
-        # Celery's ~0.3 s start told clients to expect that sooner). A worker whose broker does
-        # not answer beats now instead: listed, as not online, rather than missing. The
-        # reconciler (and its imports) is first needed a heartbeat later.
-        consuming_first = broker_reachable()
-        heartbeat = Heartbeat(identity, settings.heartbeat_s, reconcile_later, beat_now=not consuming_first)
+        # Celery's ~0.3 s start told clients to expect that sooner): until then its beats say
+        # broker_ok false. The first beat waits for Celery too, unless the broker does not answer:
+        # then the worker is listed at once, as not online, rather than missing. The reconciler
+        # (and its imports) is first needed a heartbeat later.
+        heartbeat = Heartbeat(
+            identity, settings.heartbeat_s, reconcile_later, beat_now=not broker_reachable(), consuming=False
+        )
         print(
             f"trainhub worker {identity.name} serving {', '.join(caps.queues)} on {', '.join(caps.devices)}", flush=True
         )
@@ -128,10 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
         served = {queue.split(".")[1] for queue in caps.queues}
         warm = [f for f in settings.warm_up.split(",") if f in served]
-        if consuming_first:  # the warm-up's imports would slow Celery's start: they follow it
-            once_consuming(lambda: beat(identity), lambda: warm_up.start(warm))
-        else:
-            warm_up.start(warm)
+        # (the warm-up's imports would slow Celery's start: they follow it)
+        once_consuming(heartbeat.consuming, lambda: warm_up.start(warm))
         if stop_when_ready:  # stopped while starting
             return 0
         celery.worker_main(

@@ -61,8 +61,9 @@ def current_worker() -> WorkerIdentity:
     return _current
 
 
-def beat(identity: WorkerIdentity) -> None:
-    """Upsert this worker's heartbeat row, saying whether the broker answers (broker_ok).
+def beat(identity: WorkerIdentity, consuming: bool = True) -> None:
+    """Upsert this worker's heartbeat row, saying whether the broker answers (broker_ok); not
+    `consuming` (Celery not ready yet), broker_ok is false: listed, not online.
 
     `last_seen` is read before `current_job_id`: a beat stamped after a job's claim (started_at,
     from the same clock) names that job, so the reconciler may trust a beat that names another."""
@@ -76,7 +77,7 @@ def beat(identity: WorkerIdentity) -> None:
         "versions": identity.caps.versions,
         "current_job_id": identity.current_job_id,
         "last_seen": last_seen,
-        "broker_ok": broker_reachable(),
+        "broker_ok": consuming and broker_reachable(),
         "datasets": installed_built_ins(get_settings().data_dir),
     }
     dialect = postgresql if get_engine().dialect.name == "postgresql" else sqlite
@@ -109,31 +110,51 @@ def broker_reachable(timeout_s: float = 2.0) -> bool:
 class Heartbeat:
     """Beats now (unless not `beat_now`), then every `interval_s` seconds in a daemon thread, each
     beat followed by `tick` (the reconciler). It beats while a job trains: that is how others know
-    this worker lives. `stop()` ends it and deletes the row: a worker that stopped cleanly is gone
-    at once, rather than online for another worker_timeout_s (a crashed one keeps its row, and
-    that timeout)."""
+    this worker lives. Made not `consuming`, its beats say broker_ok false (listed, not online)
+    until `consuming()` is called, which beats at once. `stop()` ends it and deletes the row: a
+    worker that stopped cleanly is gone at once, rather than online for another
+    worker_timeout_s (a crashed one keeps its row, and that timeout)."""
 
     def __init__(
-        self, identity: WorkerIdentity, interval_s: float, tick: Callable[[], None], beat_now: bool = True
+        self,
+        identity: WorkerIdentity,
+        interval_s: float,
+        tick: Callable[[], None],
+        beat_now: bool = True,
+        consuming: bool = True,
     ) -> None:
         self.identity = identity
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._consuming = consuming
         if beat_now:
-            beat(identity)
+            beat(identity, self._consuming)
 
         def loop() -> None:
-            while not self._stop.wait(interval_s):
+            while True:
+                woken = self._wake.wait(interval_s)
+                if self._stop.is_set():
+                    return
+                self._wake.clear()
                 try:
-                    beat(identity)
-                    tick()
+                    beat(identity, self._consuming)
+                    if not woken:  # (the reconciler's first run waits for a beat on time)
+                        tick()
                 except Exception as exc:  # the database or broker may be away for a while; keep trying
                     log.warning("heartbeat: %s: %s", type(exc).__name__, exc)
 
         self._thread = threading.Thread(target=loop, name="trainhub-heartbeat", daemon=True)
         self._thread.start()
 
+    def consuming(self) -> None:
+        """Celery consumes the worker's queues now: beat at once, from the heartbeat's thread (the
+        caller, Celery's, does not wait for the database), and online from this beat on."""
+        self._consuming = True
+        self._wake.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout_s)  # a beat or reconcile under way finishes first
         try:
             with session_scope() as session:

@@ -504,6 +504,7 @@ def drop_checkpoint(job_id: str) -> None:
     workdir = get_settings().resolved_artifact_dir() / job_id
     try:
         (workdir / CHECKPOINT_FILE).unlink(missing_ok=True)
+        (workdir / CHECKPOINT_FILE).with_suffix(".partial").unlink(missing_ok=True)  # a save cut short
         shutil.rmtree(workdir / CHECKPOINT_DIR, ignore_errors=True)
     except OSError as exc:  # retention removes it with the job's folder
         log.warning("job %s: its checkpoint could not be removed: %s", job_id, exc)

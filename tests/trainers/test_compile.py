@@ -146,11 +146,12 @@ def test_compiled_steps_past_the_cache_bound_leave_the_least_recently_used_first
 
     run(32, 2**40)
     [first] = (cache / "torch-steps").iterdir()
-    run(48, first.stat().st_size + 1)  # room for about one step: the first one goes
+    first_size = first.stat().st_size
+    run(48, 3 * first_size // 2)  # room for one such step, not two: the first one goes
     [second] = (cache / "torch-steps").iterdir()
     again = run(32, 2**40)
 
-    assert second != first
+    assert second != first and second.stat().st_size <= 3 * first_size // 2 < first_size + second.stat().st_size
     assert again.timings["compilations"] == 1  # its step was evicted: compiled again, and kept again
     assert len(list((cache / "torch-steps").iterdir())) == 2
 
@@ -162,8 +163,12 @@ def test_eviction_keeps_the_steps_used_last_and_the_one_just_saved(tmp_path):
     os.utime(tmp_path / "old.pt", (2000, 2000))  # loaded since: used most recently
     removed = torch_step.evict_least_recent(tmp_path, 20, keep=tmp_path / "new.pt")
     assert removed == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["new.pt", "old.pt"]
-    assert torch_step.evict_least_recent(tmp_path, 5, keep=tmp_path / "new.pt") == 1  # the one saved stays
+    assert torch_step.evict_least_recent(tmp_path, 10, keep=tmp_path / "new.pt") == 1  # the one saved stays
     assert [p.name for p in tmp_path.iterdir()] == ["new.pt"]
+    (tmp_path / "other.pt").write_bytes(b"x" * 4)
+    (tmp_path / "huge.pt").write_bytes(b"x" * 50)  # alone over the bound: it goes, the rest stay
+    assert torch_step.evict_least_recent(tmp_path, 20, keep=tmp_path / "huge.pt") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.pt", "other.pt"]
 
 
 def test_the_same_spec_on_data_with_other_classes_gets_its_own_step(tmp_path, fresh_dynamo):

@@ -241,6 +241,10 @@ def test_the_jax_compile_cache_keeps_within_its_bound_dropping_the_least_recentl
     assert set(alone) - set(kept)  # some of the first model's programs went...
     assert set(kept) - set(alone)  # ...the second's stayed
 
+    # A cache an unbounded worker (an older version) filled keeps taking programs once bounded.
+    legacy = programs(32, cache=tmp_path / "legacy", max_bytes=-1)
+    assert set(programs(48, cache=tmp_path / "legacy")) > set(legacy)
+
 
 def test_evaluation_in_batches_matches_the_whole_set_at_once(digits_runs, monkeypatch):
     # The test set is evaluated EVAL_BATCH examples at a time (a wide CNN cannot hold the

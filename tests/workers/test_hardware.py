@@ -48,8 +48,12 @@ def worker_loop(argv):  # the worker loop itself is not under test here: what it
     worker_argv.extend(argv)  # and that the first heartbeat waits for it to be ready (consuming)
     rows["before_ready"] = heartbeat_rows()
     from celery.signals import worker_ready
+    import time
     worker_ready.send(sender=None)
-    rows["while_serving"] = heartbeat_rows()
+    deadline = time.monotonic() + 30  # the heartbeat's thread beats once told
+    while not (found := heartbeat_rows()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rows["while_serving"] = found
 
 celery.worker_main = worker_loop
 from workers.__main__ import main

@@ -72,3 +72,26 @@ def test_a_worker_whose_broker_does_not_answer_at_start_is_listed_at_once_but_no
     finally:
         worker.kill()
         worker.wait(30)
+
+
+def test_a_heartbeat_says_not_online_until_celery_consumes_then_beats_at_once(services_env, worker_rows):
+    from workers.hardware import Capabilities
+    from workers.identity import Heartbeat, register
+
+    identity = register(Capabilities(hardware="cpu", queues=["cpu.jax"], devices=["cpu:0"], versions={}, refused={}))
+    ticks: list[int] = []
+    heartbeat = Heartbeat(identity, 3600, lambda: ticks.append(1), consuming=False)
+    try:
+        pid = os.getpid()
+        [starting] = [row for row in worker_rows(pid) if row.name == identity.name]
+        assert starting.broker_ok is False  # listed, not online: Celery does not consume yet
+        heartbeat.consuming()
+        deadline = time.monotonic() + 30
+        while not (ready := [r for r in worker_rows(pid) if r.name == identity.name and r.broker_ok]):
+            assert time.monotonic() < deadline, "no beat after consuming()"
+            time.sleep(0.05)
+        assert ready[0].last_seen > starting.last_seen
+        assert ticks == []  # the reconciler waits for a beat on time, not this one
+    finally:
+        heartbeat.stop()
+    assert not [row for row in worker_rows(os.getpid()) if row.name == identity.name]  # stopping deletes it

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import lifecycle, limits, queue, scheduling
+from app import lifecycle, limits, queue, scheduling, storage
 from app.config import get_settings
 from app.keys import Caller
 from app.models import Job, Worker, utcnow
@@ -234,6 +234,8 @@ def cancel_job(session: Session, job: Job) -> Job:
     session.refresh(job)
     if job.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
         raise CannotCancel(job.status)
+    if job.status == JobStatus.CANCELLED and job.started_at is not None:
+        storage.drop_checkpoint(job.id)  # it ran before being handed back: its last checkpoint
     return job
 
 

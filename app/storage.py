@@ -12,6 +12,7 @@ filesystem); with S3 (MinIO, Ceph, AWS...) workers on other hosts need only the 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -22,6 +23,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.config import Settings, get_settings
+from trainers.base import remove_checkpoint
+
+log = logging.getLogger(__name__)
 
 S3_SCHEME = "s3://"
 CHUNK_BYTES = 1 << 20
@@ -313,3 +317,15 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
             return None  # a suffix range of an empty file: the (empty) whole
         raise Unsatisfiable(f"no range of {header[:100]!r} lies within the {size} bytes")
     return satisfiable[0] if len(satisfiable) == 1 else None
+
+
+def drop_checkpoint(job_id: str, settings: Settings | None = None) -> None:
+    """Delete an ended job's checkpoint from its folder of the artifact dir, where its worker
+    wrote it (trainers.base.remove_checkpoint): an ended job never resumes, and the folder is
+    otherwise kept until the job's retention. A file that cannot be removed is logged and left
+    for retention."""
+    workdir = (settings or get_settings()).resolved_artifact_dir() / job_id
+    try:
+        remove_checkpoint(workdir)
+    except OSError as exc:
+        log.warning("job %s: its checkpoint could not be removed: %s", job_id, exc)

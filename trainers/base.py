@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -152,6 +153,19 @@ def check_finite_weights(weights: dict, epoch: int) -> None:
 # a worker can find them without importing a framework.
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_DIR = "checkpoints"
+# PyTorch's checkpoint while it is written (fsync'd, then renamed over CHECKPOINT_FILE).
+CHECKPOINT_PARTIAL = "checkpoint.partial"
+
+
+def remove_checkpoint(workdir: Path) -> None:
+    """Delete a run's checkpoint from `workdir` (an ended job never resumes: params and opt_state,
+    about three times the weights with Adam); what is not there is fine. Raises OSError when a
+    file cannot be removed."""
+    (workdir / CHECKPOINT_FILE).unlink(missing_ok=True)
+    (workdir / CHECKPOINT_PARTIAL).unlink(missing_ok=True)  # a save cut short
+    if (workdir / CHECKPOINT_DIR).is_dir():
+        shutil.rmtree(workdir / CHECKPOINT_DIR)
+
 
 # A host's compiled programs for a year of jobs of many shapes: within 2 GiB per framework (a
 # program or a compiled step is ~0.1-5 MB), the least recently used leaving first.

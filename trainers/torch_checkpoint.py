@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trainers.base import CHECKPOINT_FILE, EpochMetrics
+from trainers.base import CHECKPOINT_FILE, CHECKPOINT_PARTIAL, EpochMetrics
 
 
 @dataclass
@@ -63,7 +63,7 @@ def save(
             for f in fields(progress)
         }
     path = workdir / CHECKPOINT_FILE
-    partial = path.with_suffix(".partial")
+    partial = workdir / CHECKPOINT_PARTIAL
     with open(partial, "wb") as f:
         torch.save(payload, f)
         f.flush()

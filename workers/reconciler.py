@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 import redis
 from sqlalchemy import select
 
-from app import jobs, lifecycle, retention
+from app import jobs, lifecycle, retention, storage
 from app.config import get_settings
 from app.db import session_scope
 from app.failures import Failure, FailureType
@@ -78,7 +78,8 @@ def requeue_lost_jobs() -> None:
             name = (job.worker or {}).get("name")
             where = worker_alias(str(name))  # the job's user sees no host or pid
             if job.cancel_requested:
-                lifecycle.cancel_lost(session, job.id, job.attempts)
+                if lifecycle.cancel_lost(session, job.id, job.attempts):
+                    storage.drop_checkpoint(job.id)
                 continue
             allowed = settings.retries_for(FailureType.WORKER_LOST)
             lost_before = (job.retry_counts or {}).get(FailureType.WORKER_LOST.value, 0)
@@ -96,6 +97,7 @@ def requeue_lost_jobs() -> None:
                 f"policy allows {allowed} retries (TRAINHUB_RETRY_POLICY worker_lost={allowed}); submit the job again",
             ):
                 log.warning("job %s failed: worker lost %d times", job.id, lost_before + 1)
+                storage.drop_checkpoint(job.id)
 
 
 def _is_lost(job: Job, alive: dict[str, Worker], since: datetime) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import threading
 import time
 import uuid
@@ -34,7 +33,6 @@ from app.config import get_settings
 from app.db import get_engine, is_transient, retrying, session_scope
 from app.lifecycle import JobStatus
 from app.models import Artifact, EpochMetric, Job, utcnow
-from trainers.base import CHECKPOINT_DIR, CHECKPOINT_FILE
 from trainers.spec import PRIORITIES, JobSpec
 from workers import dataset_cache, user_code
 
@@ -465,6 +463,8 @@ def release(job_id: str, attempt: int, preempted: bool = False) -> str:
 
     status = retrying(attempt_release)
     log.info("job %s %s", job_id, "released" if status == JobStatus.QUEUED else status)
+    if status == JobStatus.CANCELLED:
+        storage.drop_checkpoint(job_id)
     return status or JobStatus.QUEUED
 
 
@@ -488,7 +488,7 @@ def finish(job_id: str, attempt: int, status: JobStatus, trial: bool = True, **v
         ended = retrying(attempt_finish)
     log.info("job %s %s", job_id, status)
     if ended:
-        drop_checkpoint(job_id)
+        storage.drop_checkpoint(job_id)
     if not trial:
         return status
     try:
@@ -496,18 +496,6 @@ def finish(job_id: str, attempt: int, status: JobStatus, trial: bool = True, **v
     except Exception:  # the reconciler takes the sweep's turn later
         log.exception("job %s: its sweep's turn failed; the reconciler takes it later", job_id)
     return status
-
-
-def drop_checkpoint(job_id: str) -> None:
-    """An ended job never resumes: its checkpoint (the params and opt_state, about three times
-    the weights with Adam) leaves the worker's disk now rather than with the job's retention."""
-    workdir = get_settings().resolved_artifact_dir() / job_id
-    try:
-        (workdir / CHECKPOINT_FILE).unlink(missing_ok=True)
-        (workdir / CHECKPOINT_FILE).with_suffix(".partial").unlink(missing_ok=True)  # a save cut short
-        shutil.rmtree(workdir / CHECKPOINT_DIR, ignore_errors=True)
-    except OSError as exc:  # retention removes it with the job's folder
-        log.warning("job %s: its checkpoint could not be removed: %s", job_id, exc)
 
 
 def _sweeps():  # type: ignore[no-untyped-def]  # the module, typed as app.sweeps.service

@@ -55,6 +55,65 @@ def test_an_ended_job_leaves_no_checkpoint_on_the_workers_disk(api, auth, framew
     assert not (folder / "checkpoint.pt").exists() and not (folder / "checkpoints").exists()
 
 
+def checkpointed(job_id: str):
+    """The job's folder holding what a trainer leaves there while a job runs: PyTorch's checkpoint
+    and the temporary file of a save cut short, JAX's Orbax folder, and the weights."""
+    from app.config import get_settings
+
+    folder = get_settings().resolved_artifact_dir() / job_id
+    (folder / "checkpoints" / "2").mkdir(parents=True)
+    (folder / "checkpoints" / "2" / "params").write_bytes(b"x" * 64)
+    for name in ("checkpoint.pt", "checkpoint.partial", "weights.safetensors"):
+        (folder / name).write_bytes(b"x" * 64)
+    return folder
+
+
+def checkpoint_left(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("checkpoint"))
+
+
+def test_a_job_cancelled_after_it_was_handed_back_to_the_queue_leaves_no_checkpoint(api, auth):
+    from workers import runner
+
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    attempt = runner.claim(job["id"], WORKER)[2]
+    folder = checkpointed(job["id"])
+    assert runner.release(job["id"], attempt) == "queued"
+    assert checkpoint_left(folder) == ["checkpoint.partial", "checkpoint.pt", "checkpoints"]  # it resumes from them
+
+    assert api.post(f"/jobs/{job['id']}/cancel", headers=auth).json()["status"] == "cancelled"
+    assert checkpoint_left(folder) == []
+    assert (folder / "weights.safetensors").is_file()  # what is not a checkpoint stays until retention
+
+
+@pytest.mark.parametrize("cancelled", [False, True])
+def test_a_job_its_lost_worker_ended_leaves_no_checkpoint(api, auth, monkeypatch, cancelled):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from app import config, lifecycle
+    from app.db import session_scope
+    from app.models import Job, utcnow
+    from workers import reconciler, runner
+
+    monkeypatch.setenv("TRAINHUB_RETRY_POLICY", "worker_lost=0")
+    config.get_settings.cache_clear()
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    runner.claim(job["id"], {**WORKER, "name": "test:gone"})  # a worker that never beats again
+    folder = checkpointed(job["id"])
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id == job["id"]).values(started_at=utcnow() - timedelta(hours=1)))
+        session.commit()
+        if cancelled:
+            lifecycle.cancel(session, job["id"])  # running: flagged, its worker never sees it
+    reconciler.requeue_lost_jobs()
+
+    ended = api.get(f"/jobs/{job['id']}", headers=auth).json()
+    assert ended["status"] == ("cancelled" if cancelled else "failed")
+    assert checkpoint_left(folder) == []
+
+
 def test_the_second_job_of_a_spec_reuses_the_compiled_programs_with_the_same_results(api, auth):
     from trainers import jax_trainer
 

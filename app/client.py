@@ -112,6 +112,16 @@ class TrainhubClient:
         _raise_for_status(response)
         return response.json()
 
+    def _every(self, path: str) -> builtins.list[dict]:
+        """Every item of a paged list (GET `path`), following next_cursor page after page."""
+        items, params = [], {"limit": 200}
+        while True:
+            page = self._request("GET", path, params=params)
+            items.extend(page["items"])
+            if not page.get("next_cursor"):
+                return items
+            params = {**params, "cursor": page["next_cursor"]}
+
     def submit(self, spec: dict, idempotency_key: str | None = None) -> dict:
         """POST /jobs; the created Job."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -283,8 +293,8 @@ class TrainhubClient:
         )
 
     def code(self) -> builtins.list[dict]:
-        """GET /code: the key's uploaded code, newest first."""
-        return self._request("GET", "/code")["items"]
+        """GET /code: the key's uploaded code, newest first (every page)."""
+        return self._every("/code")
 
     def get_code(self, code_id: str) -> dict:
         """GET /code/{id}: one of the key's code records (its id, or `code_` and 8+ of its digits)."""
@@ -331,8 +341,9 @@ class TrainhubClient:
         )
 
     def datasets(self) -> builtins.list[dict]:
-        """GET /datasets: the built-in datasets this deployment has, then the key's own."""
-        return self._request("GET", "/datasets")["items"]
+        """GET /datasets: the built-in datasets this deployment has, then the key's own, newest
+        first (every page)."""
+        return self._every("/datasets")
 
     def get_dataset(self, dataset_id: str) -> dict:
         return self._request("GET", f"/datasets/{_segment(dataset_id)}")

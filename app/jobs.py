@@ -4,22 +4,20 @@ Rows become HTTP answers in app/rendering.py; their transitions live in app/life
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import re
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, lazyload
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import lifecycle, limits, queue, scheduling, storage
+from app import lifecycle, limits, pages, queue, scheduling, storage
 from app.config import get_settings
 from app.keys import Caller
 from app.models import Job, Worker, utcnow
@@ -203,26 +201,7 @@ def list_jobs(
         query = query.where(Job.framework == framework)
     if hardware:
         query = query.where(Job.hardware == hardware)
-    if cursor:
-        created_at, job_id = decode_cursor(cursor)
-        query = query.where(or_(Job.created_at < created_at, and_(Job.created_at == created_at, Job.id < job_id)))
-    rows = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
-    page, more = rows[:limit], len(rows) > limit
-    return page, encode_cursor(page[-1]) if more else None
-
-
-def encode_cursor(job: Job) -> str:
-    return base64.urlsafe_b64encode(f"{job.created_at.isoformat()}|{job.id}".encode()).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        created_at, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        if not is_id(job_id):  # e.g. a NUL, which PostgreSQL refuses in a string (a 500 otherwise)
-            raise ValueError(job_id)
-        return datetime.fromisoformat(created_at), job_id
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise ValueError("cursor is not one this API returned; pass next_cursor unchanged") from exc
+    return pages.page(session, query, Job, limit, cursor)
 
 
 def cancel_job(session: Session, job: Job) -> Job:

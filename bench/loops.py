@@ -111,9 +111,12 @@ def trainer_spec(name: str, epochs: int, dataset: str, train_limit: int | None, 
 def run_options():
     """The trainers' RunOptions as a worker would pass them, from the bench's environment."""
     from trainers import RunOptions
+    from trainers.base import COMPILE_CACHE_MAX_BYTES
 
     data_dir, cache_dir = os.environ.get("TRAINHUB_DATA_DIR"), os.environ.get("TRAINHUB_COMPILE_CACHE_DIR")
-    return RunOptions(data_dir=Path(data_dir) if data_dir else None, compile_cache_dir=Path(cache_dir) if cache_dir else None)
+    max_bytes = int(os.environ.get("TRAINHUB_COMPILE_CACHE_MAX_BYTES") or COMPILE_CACHE_MAX_BYTES)
+    return RunOptions(data_dir=Path(data_dir) if data_dir else None, compile_cache_dir=Path(cache_dir) if cache_dir else None,
+                      compile_cache_max_bytes=max_bytes)
 
 
 def _run_trainer(name, epochs, dataset, train_limit, test_limit) -> dict:

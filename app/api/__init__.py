@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from fastapi import HTTPException, Query, status
 from pydantic import BaseModel
 from starlette.responses import Response
 
@@ -20,3 +23,14 @@ def json_response(
     else:
         body = "[" + ",".join(item.model_dump_json() for item in content) + "]"
     return Response(body, status_code=status_code, headers=headers, media_type="application/json")
+
+
+# A list's page: how many items, and where the previous page ended (its `next_cursor`).
+PageCursor = Annotated[str | None, Query(max_length=500, description="the previous page's next_cursor")]
+
+
+def bad_cursor(exc: ValueError) -> HTTPException:
+    """The 422 for a cursor this API did not hand out (app.pages raises ValueError), naming it."""
+    return HTTPException(
+        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]
+    )

@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
+from app.api import PageCursor, bad_cursor
 from app.code import records
 from app.code.package import CodeLimits, CodeRejected, read_package
 from app.config import Settings, get_settings
@@ -113,9 +114,16 @@ def _store(
 
 
 @router.get("")
-def list_code(session: SessionDep, user: CurrentUser) -> Response:
-    """The key's uploaded code, newest first."""
-    return JSONResponse({"items": [records.render(row) for row in records.owned(session, user)]})
+def list_code(
+    session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=200)] = 100, cursor: PageCursor = None
+) -> Response:
+    """The key's uploaded code, newest first, `limit` a page (pass `next_cursor` as `cursor` for
+    the next)."""
+    try:
+        rows, next_cursor = records.owned(session, user, limit, cursor)
+    except ValueError as exc:
+        raise bad_cursor(exc) from None
+    return JSONResponse({"items": [records.render(row) for row in rows], "next_cursor": next_cursor})
 
 
 def _owned(session: SessionDep, user: CurrentUser, code_id: str) -> CodeUpload:

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from app.api import PageCursor, bad_cursor
 from app.config import Settings, get_settings
 from app.datasets import records, upload
 from app.datasets.formats import FORMATS, DatasetRejected, UploadLimits, UploadOptions, parse_upload
@@ -181,12 +182,18 @@ def _sha256(path: Path) -> str:
 
 
 @router.get("")
-def list_datasets(session: SessionDep, user: CurrentUser) -> Response:
-    """The key's datasets, newest first, after the built-in ones this deployment has (marked
-    `built_in`, with their shapes)."""
-    built_in = [records.render_built_in(name) for name in records.available_built_ins(session)]
-    own = [records.render(row) for row in records.owned(session, user)]
-    return JSONResponse({"items": [*built_in, *own]})
+def list_datasets(
+    session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=200)] = 100, cursor: PageCursor = None
+) -> Response:
+    """The key's datasets, newest first, `limit` a page (pass `next_cursor` as `cursor` for the
+    next); the first page starts with the built-in ones this deployment has (marked `built_in`,
+    with their shapes)."""
+    try:
+        own, next_cursor = records.owned(session, user, limit, cursor)
+    except ValueError as exc:
+        raise bad_cursor(exc) from None
+    built_in = [] if cursor else [records.render_built_in(name) for name in records.available_built_ins(session)]
+    return JSONResponse({"items": [*built_in, *map(records.render, own)], "next_cursor": next_cursor})
 
 
 def _owned(session: SessionDep, user: CurrentUser, dataset_id: str) -> Any:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 
 from app import jobs as service
 from app import limits, rendering
-from app.api import json_response
+from app.api import PageCursor, bad_cursor, json_response
 from app.code import records as code_records
 from app.config import get_settings
 from app.datasets import records
@@ -74,7 +74,7 @@ def list_jobs(
     framework: Framework | None = None,
     hardware: Hardware | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=500)] = None,
+    cursor: PageCursor = None,
 ) -> Response:
     """The caller's jobs, newest first, filtered by status, framework and hardware."""
     try:
@@ -82,10 +82,7 @@ def list_jobs(
             session, user, status=status_, framework=framework, hardware=hardware, limit=limit, cursor=cursor
         )
     except ValueError as exc:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            [{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}],
-        ) from None
+        raise bad_cursor(exc) from None
     served = service.online_queues(session)
     base_url = rendering.public_base()
     return json_response(

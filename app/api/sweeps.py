@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app import jobs
-from app.api import json_response
+from app.api import PageCursor, bad_cursor, json_response
 from app.db import session_scope
 from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
@@ -44,11 +44,15 @@ def create_sweep(spec: SweepSpec, session: SessionDep, user: Submitter) -> Respo
 
 
 @router.get("", response_model=SweepPage)
-def list_sweeps(session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> Response:
-    """The caller's sweeps, newest first."""
-    return json_response(
-        SweepPage(items=[service.render(session, s) for s in service.list_sweeps(session, user, limit)])
-    )
+def list_sweeps(
+    session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=100)] = 20, cursor: PageCursor = None
+) -> Response:
+    """The caller's sweeps, newest first, `limit` a page (pass `next_cursor` as `cursor` for the next)."""
+    try:
+        sweeps, next_cursor = service.list_sweeps(session, user, limit, cursor)
+    except ValueError as exc:
+        raise bad_cursor(exc) from None
+    return json_response(SweepPage(items=[service.render(session, s) for s in sweeps], next_cursor=next_cursor))
 
 
 @router.get("/{sweep_id}", response_model=Sweep)

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import storage, uploads
+from app import pages, storage, uploads
 from app.code.package import Package
 from app.config import Settings
 from app.keys import Caller
@@ -106,10 +106,10 @@ def find(session: Session, owner: Caller, code_id: str) -> CodeUpload | None:
     return row if row is not None and (row.owner_id == owner.id or owner.is_admin) else None
 
 
-def owned(session: Session, owner: Caller) -> list[CodeUpload]:
-    """The key's code, newest first."""
-    query = select(CodeUpload).where(CodeUpload.owner_id == owner.id)
-    return list(session.scalars(query.order_by(CodeUpload.created_at.desc(), CodeUpload.id)))
+def owned(session: Session, owner: Caller, limit: int, cursor: str | None) -> tuple[list[CodeUpload], str | None]:
+    """The key's code, newest first: a page of `limit` after `cursor`, and the next page's cursor
+    (app.pages). Raises ValueError for a cursor this API did not hand out."""
+    return pages.page(session, select(CodeUpload).where(CodeUpload.owner_id == owner.id), CodeUpload, limit, cursor)
 
 
 def delete(session: Session, row: CodeUpload, settings: Settings) -> None:

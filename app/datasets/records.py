@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import storage, uploads
+from app import pages, storage, uploads
 from app.config import Settings
 from app.heartbeats import recent_workers
 from app.keys import Caller
@@ -137,10 +137,10 @@ def find(session: Session, owner: Caller, dataset_id: str) -> Dataset | None:
     return row if row is not None and (row.owner_id == owner.id or owner.is_admin) else None
 
 
-def owned(session: Session, owner: Caller) -> list[Dataset]:
-    """The key's datasets, newest first."""
-    query = select(Dataset).where(Dataset.owner_id == owner.id).order_by(Dataset.created_at.desc(), Dataset.id)
-    return list(session.scalars(query))
+def owned(session: Session, owner: Caller, limit: int, cursor: str | None) -> tuple[list[Dataset], str | None]:
+    """The key's datasets, newest first: a page of `limit` after `cursor`, and the next page's cursor
+    (app.pages). Raises ValueError for a cursor this API did not hand out."""
+    return pages.page(session, select(Dataset).where(Dataset.owner_id == owner.id), Dataset, limit, cursor)
 
 
 def delete(session: Session, row: Dataset, settings: Settings) -> None:

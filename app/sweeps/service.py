@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from app import jobs, limits
+from app import jobs, limits, pages
 from app.config import get_settings
 from app.db import session_scope
 from app.keys import Caller
@@ -308,9 +308,14 @@ def get_sweep(session: Session, owner: Caller, sweep_id: str) -> Sweep | None:
     return jobs.find_owned(session, owner, Sweep, sweep_id)
 
 
-def list_sweeps(session: Session, owner: Caller, limit: int) -> list[Sweep]:
+def list_sweeps(
+    session: Session, owner: Caller, limit: int, cursor: str | None = None
+) -> tuple[list[Sweep], str | None]:
+    """The owner's sweeps (every sweep for an admin key), newest first: a page of `limit` after
+    `cursor`, and the next page's cursor (app.pages). Raises ValueError for a cursor this API did
+    not hand out."""
     query = select(Sweep) if owner.is_admin else select(Sweep).where(Sweep.owner_id == owner.id)
-    return list(session.scalars(query.order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit)))
+    return pages.page(session, query, Sweep, limit, cursor)
 
 
 def cancel_sweep(session: Session, sweep: Sweep) -> None:

@@ -119,6 +119,20 @@ def test_user_code_is_off_unless_the_deployment_and_the_key_allow_it(api, servic
     assert post_code(api, allowed, unique().encode()).status_code == 201
 
 
+def test_the_code_list_comes_in_pages_newest_first(api, code_key):
+    owner = code_key("pages")
+    made = [post_code(api, owner, unique().encode()).json()["id"] for _ in range(3)]
+
+    pages, cursor = [], None
+    while True:
+        page = api.get("/code", params={"limit": 2, **({"cursor": cursor} if cursor else {})}, headers=owner).json()
+        pages.append([row["id"] for row in page["items"]])
+        if not (cursor := page["next_cursor"]):
+            break
+    assert pages == [made[:0:-1], made[:1]]
+    assert api.get("/code", params={"cursor": "x|y"}, headers=owner).status_code == 422
+
+
 def test_upload_lists_entrypoints_with_their_framework_and_dedupes(api, code_key):
     owner, other = code_key("owner"), code_key("other")
     source = unique().encode()

@@ -106,6 +106,27 @@ def test_unknown_options_are_refused(api, auth):
     assert bad_size.status_code == 422 and "image_size" in bad_size.text
 
 
+def test_the_list_comes_in_pages_the_built_in_ones_first(api, make_key):
+    auth = {"Authorization": f"Bearer {make_key('pages')}"}
+    made = [upload(api, auth, unique_csv(), name=f"part {i}").json()["id"] for i in range(5)]
+
+    first = api.get("/datasets", params={"limit": 2}, headers=auth).json()
+    built_in = [d["name"] for d in first["items"] if d["built_in"]]
+    assert {"digits", "synthetic"} <= set(built_in)
+    ids = [d["id"] for d in first["items"] if not d["built_in"]]
+    while first["next_cursor"]:
+        first = api.get("/datasets", params={"limit": 2, "cursor": first["next_cursor"]}, headers=auth).json()
+        assert not any(d["built_in"] for d in first["items"])  # on the first page only
+        ids += [d["id"] for d in first["items"]]
+    assert ids == made[::-1]  # newest first, each once
+    assert [d["id"] for d in api.get("/datasets", headers=auth).json()["items"] if not d["built_in"]] == made[::-1]
+
+    bad = api.get("/datasets", params={"cursor": "not-a-cursor"}, headers=auth)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "cursor"]
+    assert "next_cursor" in bad.text
+    assert api.get("/datasets", params={"limit": 0}, headers=auth).status_code == 422
+
+
 def test_another_keys_dataset_is_not_found_anywhere(api, auth, make_key):
     dataset = upload(api, auth, breast_cancer_csv()).json()
     other = {"Authorization": f"Bearer {make_key('other')}"}

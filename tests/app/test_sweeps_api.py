@@ -99,6 +99,16 @@ def test_a_sweep_queues_its_first_trials_as_jobs_and_is_invisible_to_other_keys(
     assert {t.state.name for t in study.trials(sweep["id"])} == {"FAIL"}  # the study agrees with the jobs
 
 
+def test_the_sweeps_list_comes_in_pages_newest_first(api, auth):
+    made = [api.post("/sweeps", json=sweep_body(name=f"s{i}", parallelism=1), headers=auth).json()["id"] for i in range(3)]
+
+    first = api.get("/sweeps", params={"limit": 2}, headers=auth).json()
+    second = api.get("/sweeps", params={"limit": 2, "cursor": first["next_cursor"]}, headers=auth).json()
+    assert [s["id"] for s in first["items"] + second["items"]] == made[::-1]
+    assert second["next_cursor"] is None
+    assert api.get("/sweeps", params={"cursor": "bm9wZQ=="}, headers=auth).status_code == 422
+
+
 def test_a_sweep_needs_room_in_the_keys_queue_for_its_first_trials(api, auth, monkeypatch):
     from app.config import get_settings
 

@@ -170,7 +170,7 @@
     if (!unknown || Date.now() - namesFetched < 30000) return;
     namesFetched = Date.now();
     try {
-      for (const dataset of (await api("/datasets")).items) if (dataset.id) uploadedNames.set(dataset.id, dataset.name);
+      for (const dataset of (await api("/datasets?limit=200")).items) if (dataset.id) uploadedNames.set(dataset.id, dataset.name);
     } catch (_) {
       // the labels make do with short ids (a refused key has shown the sign-in already)
     }
@@ -694,7 +694,7 @@
 
   function datasetsPage() {
     every(5000, async () => {
-      const items = (await api("/datasets")).items;
+      const items = (await api("/datasets?limit=200")).items;
       const builtIn = items.filter((d) => d.built_in), uploaded = items.filter((d) => !d.built_in);
       for (const d of uploaded) uploadedNames.set(d.id, d.name);
       const sizes = (d) => [h("td", {class: "num"}, d.train_size.toLocaleString("en")),
@@ -718,7 +718,7 @@
     let dataset;
     try {
       dataset = key.startsWith("ds_") ? await api(`/datasets/${encodeURIComponent(key)}`)
-        : (await api("/datasets")).items.find((d) => d.built_in && d.name === key);
+        : (await api("/datasets?limit=200")).items.find((d) => d.built_in && d.name === key);
     } catch (error) {
       if (error instanceof AuthError) return;
       if (error.status !== 404) { banner(error.message); return; }

@@ -118,7 +118,10 @@ class Job(BaseModel):
     preempted: int = Field(0, description="How many times a job of higher priority took its worker (it resumed).")
     progress: Progress
     metrics: list[EpochMetrics]
-    timings: dict[str, float] | None
+    timings: dict[str, float | int] | None = Field(
+        description="Where the job's time went, in seconds (`*_s`), and `compilations`: how many "
+        "programs its trainer compiled (an int; 0 when every one came from a cache)."
+    )
     result: dict[str, float] | None
     error: JobError | None
     retries: int = Field(

@@ -123,6 +123,7 @@ def test_the_second_job_of_a_spec_reuses_the_compiled_programs_with_the_same_res
     other = run(api, auth, {**spec, "batch_size": 64})
 
     assert first["timings"]["compilations"] == 1 and second["timings"]["compilations"] == 0
+    assert type(first["timings"]["compilations"]) is int  # a count, in the JSON as one (not 1.0)
     assert other["timings"]["compilations"] == 1  # another shape: its own program
     assert first["result"] == second["result"]
 

@@ -20,10 +20,10 @@ def run_job(job_id: str) -> str:
         worker.current_job_id = picked_id  # named by the heartbeat from before its claim on
 
     try:
-        return runner.run(job_id, worker.job_info(), serves=worker.caps.queues, on_pick=picked)
+        with warm_up.running_job():
+            return runner.run(job_id, worker.job_info(), serves=worker.caps.queues, on_pick=picked)
     finally:
         worker.current_job_id = None
-        warm_up.freeze_imports()
 
 
 @worker_shutting_down.connect

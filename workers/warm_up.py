@@ -9,7 +9,9 @@ job imports it.
 Off by default: a worker then imports only what its jobs need. A job arriving during the warm-up
 waits only for the rest of its framework's import (Python's import lock), never for the other's.
 Once the imports are done the heap they built is frozen (gc.freeze): the collector no longer
-walks those objects, which never die, at every full collection of a job.
+walks those objects, which never die, at every full collection of a job. A warm-up that ends
+while a job runs leaves the freeze to that job's end (`running_job`): frozen then, the job's own
+objects would never be collected.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,9 @@ def warm(frameworks: list[str]) -> None:
             log.warning("warm-up of %s failed: %s: %s", framework, type(exc).__name__, exc)
             continue
         log.info("warmed up %s in %.2f s", framework, time.perf_counter() - start)
-    freeze_imports()
+    with _jobs_lock:
+        if not _jobs_running:
+            _freeze_imports()
 
 
 def _warm(framework: str) -> None:
@@ -61,9 +67,27 @@ def _warm(framework: str) -> None:
 
 
 _frozen_with: set[str] = set()
+_jobs_running = 0
+_jobs_lock = threading.Lock()
 
 
-def freeze_imports() -> None:
+@contextmanager
+def running_job() -> Iterator[None]:
+    """Around a job: no freeze while it runs; after it, freeze what an import (the warm-up's, or
+    the job's own) built meanwhile."""
+    global _jobs_running
+    with _jobs_lock:
+        _jobs_running += 1
+    try:
+        yield
+    finally:
+        with _jobs_lock:
+            _jobs_running -= 1
+            if not _jobs_running:
+                _freeze_imports()
+
+
+def _freeze_imports() -> None:
     """gc.freeze() once more whenever a framework was imported since the last time (after the
     warm-up, or after the job that imported it): what an import builds lives as long as the process."""
     loaded = {name for name in ("jax", "torch") if name in sys.modules}

@@ -24,3 +24,20 @@ def test_a_warm_up_imports_what_an_eager_first_job_needs_and_nothing_more(framew
         "assert 'torch._dynamo' not in sys.modules, 'dynamo was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_a_warm_up_ending_while_a_job_runs_freezes_the_heap_only_after_the_job():
+    """gc.freeze() at the warm-up's end would also freeze the running job's objects, never to be
+    collected: it waits for the job's end. With no job running it freezes at once."""
+    code = (
+        "import gc\n"
+        "from workers import warm_up\n"
+        "with warm_up.running_job():\n"
+        "    job_objects = [object() for _ in range(1000)]\n"
+        "    warm_up.warm(['jax'])\n"
+        "    assert gc.get_freeze_count() == 0, 'frozen while the job ran'\n"
+        "assert gc.get_freeze_count() > 0, 'not frozen after the job'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    idle = "import gc\nfrom workers import warm_up\nwarm_up.warm(['jax'])\nassert gc.get_freeze_count() > 0\n"
+    subprocess.run([sys.executable, "-c", idle], check=True, cwd=Path(__file__).parents[2])

@@ -438,7 +438,7 @@ def value_text(value: Any) -> str:
 
 @sweeps_cli.command("list")
 def sweeps_list(
-    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="how many of the newest to list")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="print the Sweeps as JSON")] = False,
 ) -> None:
     """Your sweeps, newest first: status, trials ended of the most (and how many were pruned), the

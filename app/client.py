@@ -112,14 +112,16 @@ class TrainhubClient:
         _raise_for_status(response)
         return response.json()
 
-    def _every(self, path: str) -> builtins.list[dict]:
-        """Every item of a paged list (GET `path`), following next_cursor page after page."""
-        items, params = [], {"limit": 200}
+    def _every(self, path: str, most: int | None = None, page_size: int = 200) -> builtins.list[dict]:
+        """Every item of a paged list (GET `path`), following next_cursor page after page; the
+        first `most` of them when given."""
+        items: builtins.list[dict] = []
+        params: dict[str, object] = {"limit": page_size if most is None else min(page_size, most)}
         while True:
             page = self._request("GET", path, params=params)
             items.extend(page["items"])
-            if not page.get("next_cursor"):
-                return items
+            if not page.get("next_cursor") or (most is not None and len(items) >= most):
+                return items[:most]
             params = {**params, "cursor": page["next_cursor"]}
 
     def submit(self, spec: dict, idempotency_key: str | None = None) -> dict:
@@ -176,8 +178,8 @@ class TrainhubClient:
         return self._request("POST", "/sweeps", json=spec)
 
     def sweeps(self, limit: int = 20) -> builtins.list[dict]:
-        """GET /sweeps: the caller's sweeps, newest first."""
-        return self._request("GET", "/sweeps", params={"limit": limit})["items"]
+        """GET /sweeps: the caller's `limit` newest sweeps, newest first (as many pages as it takes)."""
+        return self._every("/sweeps", most=limit, page_size=100)
 
     def get_sweep(self, sweep_id: str) -> dict:
         return self._request("GET", f"/sweeps/{_segment(sweep_id)}")

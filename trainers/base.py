@@ -159,12 +159,21 @@ CHECKPOINT_PARTIAL = "checkpoint.partial"
 
 def remove_checkpoint(workdir: Path) -> None:
     """Delete a run's checkpoint from `workdir` (an ended job never resumes: params and opt_state,
-    about three times the weights with Adam); what is not there is fine. Raises OSError when a
-    file cannot be removed."""
-    (workdir / CHECKPOINT_FILE).unlink(missing_ok=True)
-    (workdir / CHECKPOINT_PARTIAL).unlink(missing_ok=True)  # a save cut short
-    if (workdir / CHECKPOINT_DIR).is_dir():
-        shutil.rmtree(workdir / CHECKPOINT_DIR)
+    about three times the weights with Adam): each of its names on its own, what is not there is
+    fine, and a link is removed, never what it points to. Raises OSError (the first one met) after
+    trying them all."""
+    errors: list[OSError] = []
+    for name in (CHECKPOINT_FILE, CHECKPOINT_PARTIAL, CHECKPOINT_DIR):
+        path = workdir / name
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 # A host's compiled programs for a year of jobs of many shapes: within 2 GiB per framework (a

@@ -327,6 +327,12 @@ def _finite(value: Any, what: str) -> float:
     return float(value)
 
 
+def _timing(name: object, value: Any) -> float | int:
+    """A timing the child sent: seconds (a float), or `compilations`, a count (an int)."""
+    seconds = _finite(value, f"timing {name}")
+    return int(value) if name == "compilations" and isinstance(value, int) else seconds
+
+
 def _epoch(message: dict[str, Any], done: int) -> EpochMetrics:
     values = message.get("metrics")
     if not isinstance(values, dict) or set(values) - set(METRIC_FIELDS) or message.get("epoch") != done + 1:
@@ -366,7 +372,7 @@ def _result(message: dict[str, Any], metrics: list[EpochMetrics], workdir: Path,
         info = (workdir / name).lstat()
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_file_bytes:
             raise UserCodeFailed(f"artifact {name} is not a plain file of at most {max_file_bytes:,} bytes")
-    timings = {str(k): _finite(v, f"timing {k}") for k, v in dict(message.get("timings") or {}).items()}
+    timings = {str(k): _timing(k, v) for k, v in dict(message.get("timings") or {}).items()}
     result = {str(k): _finite(v, f"result {k}") for k, v in dict(message.get("result") or {}).items()}
     device = message.get("device")
     device = device if isinstance(device, dict) else {}

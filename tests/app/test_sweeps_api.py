@@ -108,6 +108,16 @@ def test_the_sweeps_list_comes_in_pages_newest_first(api, auth):
     assert second["next_cursor"] is None
     assert api.get("/sweeps", params={"cursor": "bm9wZQ=="}, headers=auth).status_code == 422
 
+    from fastapi.testclient import TestClient
+
+    from app.client import TrainhubClient
+
+    client = TrainhubClient("http://testserver", None)
+    client.http = TestClient(api.app, headers=auth)  # the CLI's client, on this app
+    assert [s["id"] for s in client._every("/sweeps", most=3, page_size=2)] == made[::-1]  # two pages
+    assert [s["id"] for s in client._every("/sweeps", most=2, page_size=2)] == made[:0:-1]  # no more than asked
+    assert [s["id"] for s in client.sweeps(limit=20)] == made[::-1]
+
 
 def test_a_sweep_needs_room_in_the_keys_queue_for_its_first_trials(api, auth, monkeypatch):
     from app.config import get_settings

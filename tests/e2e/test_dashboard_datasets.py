@@ -160,3 +160,20 @@ def test_another_key_sees_none_of_the_datasets(service, page, tmp_path):  # noqa
     expect(page.locator("#built-in-body tr").first).to_be_visible()
     page.goto(f"{service.url}/ui/datasets/{mine['id']}")
     expect(page.locator("#content h1")).to_have_text("Dataset not found")
+
+
+def test_the_datasets_page_lists_every_upload_past_the_first_page(service, page, tmp_path):  # noqa: F811
+    from playwright.sync_api import expect
+
+    key = service.new_key("many-datasets")
+    with service.client(key) as client:
+        for i in range(203):  # GET /datasets gives 200 a page
+            path = tmp_path / f"d{i}.csv"
+            path.write_text("a,label\n" + "".join(f"{i}.{j},{j % 2}\n" for j in range(8)))  # each its own content
+            client.upload_dataset(path)
+        assert len([d for d in client.datasets() if not d["built_in"]]) == 203
+
+    sign_in(page, service.url, key)
+    page.goto(f"{service.url}/ui/datasets")
+    expect(page.locator("#datasets-body tr")).to_have_count(203)
+    expect(page.locator('#built-in-body tr[data-dataset="digits"]')).to_have_count(1)  # once, from the first page

@@ -241,6 +241,7 @@ def test_a_flax_module_trains_and_a_pair_compares_with_parity(code_service, tmp_
         assert [m["epoch"] for m in trained["metrics"]] == [1, 2, 3]
         assert trained["result"]["test_accuracy"] > 0.8
         assert trained["timings"]["compile_s"] > 0
+        assert type(trained["timings"]["compilations"]) is int  # a count, as the built-in trainers' (not 1.0)
         assert {"weights.safetensors", "params.msgpack", "logs.txt"} <= {a["name"] for a in trained["artifacts"]}
         assert "flax module called with" in client.download(trained["id"], "logs.txt", tmp_path / "flax").read_text()
 

@@ -135,3 +135,35 @@ def test_the_package_imports_no_framework():
         "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_remove_checkpoint_removes_each_name_on_its_own_and_never_a_links_target(tmp_path, monkeypatch):
+    import shutil
+
+    from trainers.base import remove_checkpoint
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_bytes(b"x")
+    job = tmp_path / "job"
+    (job / "checkpoint.pt").mkdir(parents=True)  # not a file, all the same
+    (job / "checkpoint.pt" / "f").write_bytes(b"x")
+    (job / "checkpoint.partial").write_bytes(b"x")
+    (job / "checkpoints").symlink_to(outside)
+    (job / "weights.safetensors").write_bytes(b"x")
+
+    remove_checkpoint(job)
+    assert sorted(p.name for p in job.iterdir()) == ["weights.safetensors"]
+    assert (outside / "kept").is_file()
+    remove_checkpoint(job)  # nothing there: fine
+
+    (job / "checkpoint.pt").mkdir()  # the first name tried: its removal fails
+    (job / "checkpoint.partial").write_bytes(b"x")
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(f"cannot remove {path}")
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+    with pytest.raises(PermissionError):
+        remove_checkpoint(job)
+    assert not (job / "checkpoint.partial").exists()  # the others went all the same

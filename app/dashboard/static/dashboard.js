@@ -157,6 +157,18 @@
     return (await checked(response)).json();
   }
 
+  // Every item of a paged list (GET /datasets...), following next_cursor page after page.
+  async function allItems(path) {
+    const items = [];
+    let cursor = null;
+    do {
+      const page = await api(`${path}?limit=200${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+      items.push(...page.items);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return items;
+  }
+
   // --- datasets and scores in labels -------------------------------------------------------
 
   // A spec names a built-in dataset by name and an uploaded one by id only. The names of the
@@ -170,7 +182,7 @@
     if (!unknown || Date.now() - namesFetched < 30000) return;
     namesFetched = Date.now();
     try {
-      for (const dataset of (await api("/datasets?limit=200")).items) if (dataset.id) uploadedNames.set(dataset.id, dataset.name);
+      for (const dataset of await allItems("/datasets")) if (dataset.id) uploadedNames.set(dataset.id, dataset.name);
     } catch (_) {
       // the labels make do with short ids (a refused key has shown the sign-in already)
     }
@@ -694,7 +706,7 @@
 
   function datasetsPage() {
     every(5000, async () => {
-      const items = (await api("/datasets?limit=200")).items;
+      const items = await allItems("/datasets");
       const builtIn = items.filter((d) => d.built_in), uploaded = items.filter((d) => !d.built_in);
       for (const d of uploaded) uploadedNames.set(d.id, d.name);
       const sizes = (d) => [h("td", {class: "num"}, d.train_size.toLocaleString("en")),
@@ -718,7 +730,7 @@
     let dataset;
     try {
       dataset = key.startsWith("ds_") ? await api(`/datasets/${encodeURIComponent(key)}`)
-        : (await api("/datasets?limit=200")).items.find((d) => d.built_in && d.name === key);
+        : (await api("/datasets?limit=1")).items.find((d) => d.built_in && d.name === key);  // on the first page
     } catch (error) {
       if (error instanceof AuthError) return;
       if (error.status !== 404) { banner(error.message); return; }

@@ -319,12 +319,12 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
     return satisfiable[0] if len(satisfiable) == 1 else None
 
 
-def drop_checkpoint(job_id: str, settings: Settings | None = None) -> None:
+def drop_checkpoint(job_id: str) -> None:
     """Delete an ended job's checkpoint from its folder of the artifact dir, where its worker
     wrote it (trainers.base.remove_checkpoint): an ended job never resumes, and the folder is
     otherwise kept until the job's retention. A file that cannot be removed is logged and left
     for retention."""
-    workdir = (settings or get_settings()).resolved_artifact_dir() / job_id
+    workdir = get_settings().resolved_artifact_dir() / job_id
     try:
         remove_checkpoint(workdir)
     except OSError as exc:

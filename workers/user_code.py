@@ -329,8 +329,8 @@ def _finite(value: Any, what: str) -> float:
 
 def _timing(name: object, value: Any) -> float | int:
     """A timing the child sent: seconds (a float), or `compilations`, a count (an int)."""
-    seconds = _finite(value, f"timing {name}")
-    return int(value) if name == "compilations" and isinstance(value, int) else seconds
+    checked = _finite(value, f"timing {name}")
+    return int(value) if name == "compilations" and isinstance(value, int) else checked
 
 
 def _epoch(message: dict[str, Any], done: int) -> EpochMetrics:

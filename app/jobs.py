@@ -291,3 +291,9 @@ def queue_position(session: Session, job: Job) -> int | None:
     if job.status != JobStatus.QUEUED:
         return None
     return scheduling.position(session, job)
+
+
+def queue_positions(session: Session, page: Sequence[Job]) -> dict[str, int]:
+    """queue_position of each queued job of `page` (a job list), by id, read a queue and level at a
+    time rather than a job at a time (scheduling.positions); jobs not queued are left out."""
+    return scheduling.positions(session, [job for job in page if job.status == JobStatus.QUEUED])

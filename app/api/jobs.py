@@ -84,10 +84,14 @@ def list_jobs(
     except ValueError as exc:
         raise bad_cursor(exc) from None
     served = service.online_queues(session)
+    positions = service.queue_positions(session, page)
     base_url = rendering.public_base()
     return json_response(
         JobPage(
-            items=[rendering.job(session, j, base_url, served, admin=user.is_admin) for j in page],
+            items=[
+                rendering.job(session, j, base_url, served, position=positions.get(j.id), admin=user.is_admin)
+                for j in page
+            ],
             next_cursor=next_cursor,
         )
     )

@@ -47,6 +47,22 @@ def test_a_poll_of_a_queued_job_costs_three_statements(api, auth, statements):
     assert kinds(statements) == ["SELECT api_keys", "SELECT jobs", "SELECT jobs"]
 
 
+def test_a_page_of_queued_jobs_costs_as_many_statements_whatever_its_size(api, auth, statements):
+    for seed in range(12):
+        api.post("/jobs", json={**TPU, "seed": seed}, headers=auth)
+    api.get("/jobs?limit=1", headers=auth)  # the online queues, read once a second
+    statements.clear()
+    small = api.get("/jobs?limit=3", headers=auth).json()["items"]
+    three = kinds(statements)
+    statements.clear()
+    full = api.get("/jobs?limit=12", headers=auth).json()["items"]
+    assert [job["queue_position"] for job in full[:3]] == [job["queue_position"] for job in small]
+    assert len({job["queue_position"] for job in full}) == 12
+    # the key, the page, its metrics and artifacts, the queue's turns, the jobs' ranks in their keys
+    assert kinds(statements) == three == [
+        "SELECT api_keys", "SELECT jobs", "SELECT epoch_metrics", "SELECT artifacts", "SELECT jobs", "SELECT jobs"]
+
+
 def test_a_submit_costs_seven_statements_and_locks_the_key_only_after_its_insert(api, auth, statements):
     api.get("/jobs", headers=auth)  # the online queues, read once a second
     statements.clear()

@@ -144,6 +144,33 @@ def test_priorities_come_first_and_the_fair_share_holds_within_a_level(api, make
     assert [run_one(low[0]) for _ in order] == order  # any message's turn takes the highest level first
 
 
+def test_a_job_list_gives_each_queued_job_the_place_its_own_page_gives(api, make_key):
+    """A list reads the positions a queue and level at a time (scheduling.positions): the same
+    places as GET /jobs/{id}, and in each queue every place from 1 up once."""
+    keys = {name: bearer(make_key(name)) for name in ("alice", "bob", "carol")}
+    admin = bearer(make_key("ops", admin=True))
+    owner: dict[str, str] = {}
+    for name, count, spec in [
+        ("alice", 4, {}), ("bob", 2, {}), ("carol", 3, {"framework": "pytorch"}), ("alice", 2, {"priority": "high"}),
+        ("bob", 3, {"priority": "low"}), ("carol", 2, {}), ("alice", 1, {"framework": "pytorch"}),
+    ]:
+        owner.update(dict.fromkeys(submit(api, keys[name], count, **spec), name))
+    from workers import runner
+
+    assert runner.claim(next(iter(owner)), WORKER) is not None  # alice's first high job runs: she goes last
+    alone = {job: api.get(f"/jobs/{job}", headers=keys[name]).json() for job, name in owner.items()}
+    listed = {job["id"]: job for headers in keys.values() for job in api.get("/jobs", headers=headers).json()["items"]}
+    everyone = api.get("/jobs?status=queued&limit=200", headers=admin).json()["items"]
+    assert {job: listed[job]["queue_position"] for job in owner} == {job: alone[job]["queue_position"] for job in owner}
+    assert {job["id"]: job["queue_position"] for job in everyone if job["id"] in owner} == {
+        job: place["queue_position"] for job, place in alone.items() if place["status"] == "queued"}
+    for framework in ("jax", "pytorch"):
+        places = [job["queue_position"] for job in alone.values()
+                  if job["status"] == "queued" and job["spec"]["framework"] == framework]
+        assert sorted(places) == list(range(1, len(places) + 1))
+    assert {job: listed[job]["waiting_reason"] for job in owner} == {job: alone[job]["waiting_reason"] for job in owner}
+
+
 def test_a_key_capped_at_a_priority_cannot_ask_for_more(api, services_env):
     from app.db import session_scope
     from app.keys import create_key

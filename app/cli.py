@@ -924,7 +924,7 @@ def list_jobs(
 
 @cli.command("comparisons")
 def list_comparisons(
-    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="how many, newest first")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="print the Comparisons as JSON")] = False,
 ) -> None:
     """Your comparisons, newest first: both jobs, the status and the parity check."""

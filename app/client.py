@@ -155,8 +155,9 @@ class TrainhubClient:
         return self._request("POST", "/comparisons", json=spec)
 
     def comparisons(self, limit: int = 20) -> builtins.list[dict]:
-        """GET /comparisons: the caller's comparisons, newest first."""
-        return self._request("GET", "/comparisons", params={"limit": limit})
+        """GET /comparisons: the caller's `limit` latest comparisons, newest first (as many pages
+        as that takes)."""
+        return self._every("/comparisons", most=limit, page_size=100)
 
     def get_comparison(self, comparison_id: str) -> dict:
         return self._request("GET", f"/comparisons/{_segment(comparison_id)}")

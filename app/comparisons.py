@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import jobs, limits
+from app import jobs, limits, pages
 from app.keys import Caller
 from app.models import Comparison
 from trainers.spec import FRAMEWORKS, ComparisonSpec
@@ -40,9 +40,13 @@ def get_comparison(session: Session, owner: Caller, comparison_id: str) -> Compa
     return jobs.find_owned(session, owner, Comparison, comparison_id)
 
 
-def list_comparisons(session: Session, owner: Caller, limit: int) -> list[Comparison]:
+def list_comparisons(
+    session: Session, owner: Caller, limit: int, cursor: str | None
+) -> tuple[list[Comparison], str | None]:
+    """The owner's comparisons (every one for an admin key) newest first, and the cursor of the
+    next page (None on the last). Raises ValueError for a cursor this API did not hand out."""
     query = select(Comparison) if owner.is_admin else select(Comparison).where(Comparison.owner_id == owner.id)
-    return list(session.scalars(query.order_by(Comparison.created_at.desc()).limit(limit)))
+    return pages.page(session, query, Comparison, limit, cursor)
 
 
 def cancel_comparison(session: Session, comparison: Comparison) -> None:

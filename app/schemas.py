@@ -183,6 +183,13 @@ class Comparison(BaseModel):
     )
 
 
+class ComparisonPage(BaseModel):
+    """A page of comparisons, newest first; pass `next_cursor` as `cursor` for the next page."""
+
+    items: list[Comparison]
+    next_cursor: str | None
+
+
 class Worker(BaseModel):
     """A worker as its last heartbeat describes it. `online` (it can take work) while `last_seen`
     is younger than `worker_timeout_s` and `broker_connected` (it reached the broker at that

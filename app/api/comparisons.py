@@ -8,14 +8,14 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from app import comparisons as service
 from app import jobs, limits, rendering
-from app.api import json_response
+from app.api import PageCursor, bad_cursor, json_response
 from app.code import records as code_records
 from app.config import get_settings
 from app.datasets import records
 from app.deps import CurrentUser, SessionDep, Submitter
 from app.errors import responses
 from app.models import Comparison as ComparisonRow
-from app.schemas import Comparison, ComparisonSpec
+from app.schemas import Comparison, ComparisonPage, ComparisonSpec
 from app.webhooks import registration
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=responses(401, 404, 413, 503))
@@ -51,12 +51,20 @@ def create_comparison(spec: ComparisonSpec, session: SessionDep, user: Submitter
     )
 
 
-@router.get("", response_model=list[Comparison])
+@router.get("", response_model=ComparisonPage)
 def list_comparisons(
-    session: SessionDep, user: CurrentUser, limit: Annotated[int, Query(ge=1, le=100)] = 20
+    session: SessionDep,
+    user: CurrentUser,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: PageCursor = None,
 ) -> Response:
-    """The caller's comparisons, newest first."""
-    return json_response([render(session, c, user) for c in service.list_comparisons(session, user, limit)])
+    """The caller's comparisons, newest first, `limit` a page (pass `next_cursor` as `cursor` for
+    the next)."""
+    try:
+        page, next_cursor = service.list_comparisons(session, user, limit, cursor)
+    except ValueError as exc:
+        raise bad_cursor(exc) from None
+    return json_response(ComparisonPage(items=[render(session, c, user) for c in page], next_cursor=next_cursor))
 
 
 @router.get("/{comparison_id}", response_model=Comparison)

@@ -25,7 +25,27 @@ def test_a_comparison_is_two_jobs_with_the_same_spec(api, auth, redis_url):
     r = redis.Redis.from_url(redis_url)
     assert r.llen("cpu.jax") == 1 and r.llen("cpu.pytorch") == 1
     assert api.get(f"/comparisons/{comparison['id']}", headers=auth).json()["id"] == comparison["id"]
-    assert [c["id"] for c in api.get("/comparisons", headers=auth).json()] == [comparison["id"]]
+    assert [c["id"] for c in api.get("/comparisons", headers=auth).json()["items"]] == [comparison["id"]]
+
+
+def test_the_comparisons_list_comes_in_pages_newest_first(api, auth):
+    made = [api.post("/comparisons", json={**SPEC, "seed": seed}, headers=auth).json()["id"] for seed in range(3)]
+
+    first = api.get("/comparisons", params={"limit": 2}, headers=auth).json()
+    second = api.get("/comparisons", params={"limit": 2, "cursor": first["next_cursor"]}, headers=auth).json()
+    assert [c["id"] for c in first["items"] + second["items"]] == made[::-1]
+    assert second["next_cursor"] is None
+    refused = api.get("/comparisons", params={"cursor": "bm9wZQ=="}, headers=auth)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "cursor"]
+
+    from fastapi.testclient import TestClient
+
+    from app.client import TrainhubClient
+
+    client = TrainhubClient("http://testserver", None)
+    client.http = TestClient(api.app, headers=auth)  # the CLI's client, on this app
+    assert [c["id"] for c in client.comparisons(limit=2)] == made[:0:-1]
+    assert [c["id"] for c in client.comparisons(limit=200)] == made[::-1]
 
 
 def test_a_spec_naming_a_framework_is_refused(api, auth):
@@ -67,7 +87,7 @@ def test_comparisons_are_private(api, auth, make_key):
     assert api.get(f"/comparisons/{comparison['id']}", headers=other).status_code == 404
     assert api.get(f"/comparisons/{short}", headers=other).status_code == 404
     assert api.post(f"/comparisons/{comparison['id']}/cancel", headers=other).status_code == 404
-    assert api.get("/comparisons", headers=other).json() == []
+    assert api.get("/comparisons", headers=other).json() == {"items": [], "next_cursor": None}
 
 
 def test_the_tables_samples_per_s_is_the_median_of_epochs_2_to_n():

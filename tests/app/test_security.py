@@ -89,7 +89,7 @@ def test_neither_user_lists_reads_cancels_streams_or_downloads_the_others_jobs(a
         job, comparison = theirs["job"], theirs["comparison"]
         listed = {j["id"] for j in api.get("/jobs", headers=headers, params={"limit": 200}).json()["items"]}
         assert job not in listed and alice_and_bob[me]["job"] in listed
-        assert comparison not in {c["id"] for c in api.get("/comparisons", headers=headers).json()}
+        assert comparison not in {c["id"] for c in api.get("/comparisons", headers=headers).json()["items"]}
         for method, path in [
             ("GET", f"/jobs/{job}"), ("POST", f"/jobs/{job}/cancel"), ("GET", f"/jobs/{job}/metrics"),
             ("GET", f"/jobs/{job}/events"), ("GET", f"/jobs/{job}/artifacts"),
@@ -119,7 +119,7 @@ def test_an_admin_key_sees_every_job_and_workers_current_jobs(api, alice_and_bob
     bobs = alice_and_bob["bob"]["job"]
     assert api.get(f"/jobs/{bobs}", headers=admin).status_code == 200
     assert api.get(f"/jobs/{bobs}/artifacts/weights.safetensors", headers=admin).content == b"bob's weights"
-    assert len(api.get("/comparisons", headers=admin).json()) >= 2
+    assert len(api.get("/comparisons", headers=admin).json()["items"]) >= 2
 
     # a worker busy with a queued-then-running job of alice's: named to alice and the admin only
     running = api.post("/jobs", json=DIGITS, headers=alice_and_bob["alice"]["headers"]).json()["id"]

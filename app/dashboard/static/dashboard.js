@@ -629,7 +629,7 @@
 
   function comparisonsPage() {
     every(3000, async () => {
-      const items = await api("/comparisons?limit=50");
+      const items = (await api("/comparisons?limit=50")).items;
       await learnDatasetNames(items.map((c) => c.spec));
       replace($("comparisons-body"), items.map((c) => h("tr", {dataset: {comparisonId: c.id}},
         h("td", {}, h("a", {href: `/ui/comparisons/${encodeURIComponent(c.id)}`}, c.spec.name || c.id.slice(0, 8))),

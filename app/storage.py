@@ -12,6 +12,7 @@ filesystem); with S3 (MinIO, Ceph, AWS...) workers on other hosts need only the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -323,9 +324,11 @@ def drop_checkpoint(job_id: str) -> None:
     """Delete an ended job's checkpoint from its folder of the artifact dir, where its worker
     wrote it (trainers.base.remove_checkpoint): an ended job never resumes, and the folder is
     otherwise kept until the job's retention. A file that cannot be removed is logged and left
-    for retention."""
+    for retention. The folder goes too when nothing else is in it (the job wrote no artifact)."""
     workdir = get_settings().resolved_artifact_dir() / job_id
     try:
         remove_checkpoint(workdir)
     except OSError as exc:
         log.warning("job %s: its checkpoint could not be removed: %s", job_id, exc)
+    with contextlib.suppress(OSError):  # not empty, or not there: left as it is
+        workdir.rmdir()

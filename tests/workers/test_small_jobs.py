@@ -55,15 +55,15 @@ def test_an_ended_job_leaves_no_checkpoint_on_the_workers_disk(api, auth, framew
     assert not (folder / "checkpoint.pt").exists() and not (folder / "checkpoints").exists()
 
 
-def checkpointed(job_id: str):
+def checkpointed(job_id: str, weights: bool = True):
     """The job's folder holding what a trainer leaves there while a job runs: PyTorch's checkpoint
-    and the temporary file of a save cut short, JAX's Orbax folder, and the weights."""
+    and the temporary file of a save cut short, JAX's Orbax folder, and (`weights`) the weights."""
     from app.config import get_settings
 
     folder = get_settings().resolved_artifact_dir() / job_id
     (folder / "checkpoints" / "2").mkdir(parents=True)
     (folder / "checkpoints" / "2" / "params").write_bytes(b"x" * 64)
-    for name in ("checkpoint.pt", "checkpoint.partial", "weights.safetensors"):
+    for name in ("checkpoint.pt", "checkpoint.partial", "weights.safetensors")[: 3 if weights else 2]:
         (folder / name).write_bytes(b"x" * 64)
     return folder
 
@@ -84,6 +84,18 @@ def test_a_job_cancelled_after_it_was_handed_back_to_the_queue_leaves_no_checkpo
     assert api.post(f"/jobs/{job['id']}/cancel", headers=auth).json()["status"] == "cancelled"
     assert checkpoint_left(folder) == []
     assert (folder / "weights.safetensors").is_file()  # what is not a checkpoint stays until retention
+
+
+def test_a_cancelled_job_with_nothing_but_its_checkpoint_leaves_no_folder(api, auth):
+    from workers import runner
+
+    job = api.post("/jobs", json=DIGITS, headers=auth).json()
+    attempt = runner.claim(job["id"], WORKER)[2]
+    folder = checkpointed(job["id"], weights=False)
+    assert runner.release(job["id"], attempt) == "queued"
+
+    assert api.post(f"/jobs/{job['id']}/cancel", headers=auth).json()["status"] == "cancelled"
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize("cancelled", [False, True])

@@ -48,7 +48,7 @@ from app.webhooks import dispatcher
 async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
     migrate()  # apply Alembic migrations on start
     # The heap the imports built (~180k objects) lives as long as the process: frozen, the
-    # collector's full passes skip it, and the request that triggers one waits ~10 ms, not ~100.
+    # collector's full passes skip it, and the request that triggers one waits a few ms, not ~100.
     # No gc.collect() first: it finds a few hundred objects here, and costs a test ~0.1 s.
     gc.freeze()
     try:

@@ -349,9 +349,10 @@ class Comparison(Base):
     finishes the second job (see trainers/parity.py)."""
 
     __tablename__ = "comparisons"
+    __table_args__ = (Index("ix_comparisons_owner_id_created_at", "owner_id", "created_at"),)  # a key's pages
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
-    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
     spec: Mapped[dict] = mapped_column(JSON)
     jax_job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     pytorch_job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)

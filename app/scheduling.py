@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import and_, bindparam, func, or_, select
+from sqlalchemy import Row, and_, bindparam, func, literal, null, or_, select, union_all
 from sqlalchemy.orm import Session, aliased
 
 from app.models import Job, Worker, aware
@@ -127,11 +127,14 @@ _STANDING = select(
     .scalar_subquery(),
     select(func.max(Job.started_at)).where(Job.owner_id == bindparam("owner_id"), *_in_queue(Job)).scalar_subquery(),
 )
-# Each job of `ids` with its rank among its key's queued jobs at the level (1: its key's oldest),
-# in the order of _BEFORE, read from ix_jobs_queued_by_owner for the keys of `owners` only.
+# _TURNS, and after its rows one row for each job of `ids`: its rank among its key's queued jobs
+# at the level (1: its key's oldest, in the order of _BEFORE) as `waiting`, its id as `job_id`
+# (None in the turns' rows). One statement, so one snapshot: the turns and the ranks of a page's
+# jobs agree even while jobs of the queue are taken or cancelled.
 _ranked = (
     select(
         Job.id,
+        Job.owner_id,
         func.row_number().over(partition_by=Job.owner_id, order_by=(Job.created_at, Job.id)).label("rank"),
     )
     .where(
@@ -142,7 +145,12 @@ _ranked = (
     )
     .subquery()
 )
-_RANKS = select(_ranked.c.id, _ranked.c.rank).where(_ranked.c.id.in_(bindparam("ids", expanding=True)))
+_TURNS_AND_RANKS = union_all(
+    _TURNS.add_columns(null().label("job_id")),
+    select(_ranked.c.owner_id, _ranked.c.rank, null(), literal(0), literal(0), null(), literal(0), _ranked.c.id).where(
+        _ranked.c.id.in_(bindparam("ids", expanding=True))
+    ),
+)
 _TOP_LEVEL = select(func.max(Job.priority)).where(Job.status == _QUEUED, *_in_queue(Job))
 _HIGHER = select(func.count()).where(Job.status == _QUEUED, *_in_queue(Job), Job.priority > bindparam("priority"))
 
@@ -158,19 +166,19 @@ def turns(
     `job`, each turn's `before` counts the key's queued jobs created before it."""
     moment = (job.created_at, job.id or "") if job is not None else (datetime.max.replace(tzinfo=UTC), "")
     params = {**_queue(hardware, framework, devices), "priority": priority, "created_at": moment[0], "id": moment[1]}
-    found = [
-        Turn(
-            row.owner_id,
-            row.waiting,
-            aware(row.head),
-            row.busy,
-            aware(row.last_claimed) if row.last_claimed else None,
-            row.before,
-            row.higher,
-        )
-        for row in session.execute(_TURNS, params)
-    ]
-    return sorted(found, key=Turn.order)
+    return sorted(map(_turn, session.execute(_TURNS, params)), key=Turn.order)
+
+
+def _turn(row: Row) -> Turn:
+    return Turn(
+        row.owner_id,
+        row.waiting,
+        aware(row.head),
+        row.busy,
+        aware(row.last_claimed) if row.last_claimed else None,
+        row.before,
+        row.higher,
+    )
 
 
 def next_job(session: Session, hardware: str, framework: str, devices: int = 1) -> str | None:
@@ -200,22 +208,25 @@ def position(session: Session, job: Job) -> int:
 
 
 def positions(session: Session, queued: Sequence[Job]) -> dict[str, int]:
-    """`position` of each stored queued job of `queued` (a page of a job list), by id: two queries
-    for each (queue, level) the jobs wait at, however many jobs, instead of one query a job. A
-    job that was taken (or whose key left the queue) since it was read gets `position`'s answer."""
+    """`position` of each stored queued job of `queued` (a page of a job list), by id: one query
+    for each (queue, level) the jobs wait at, however many jobs, instead of one a job. A job that
+    was taken (or whose key left the queue) since it was read gets `position`'s answer."""
     groups: dict[tuple, list[Job]] = defaultdict(list)
     for job in queued:
         groups[(job.hardware, job.framework, job.devices or 1, _level(job))].append(job)
     found: dict[str, int] = {}
     for (hardware, framework, devices, level), members in groups.items():
-        waiting = turns(session, hardware, framework, devices, level)
         params = {
             **_queue(hardware, framework, devices),
             "priority": level,
+            "created_at": datetime.max.replace(tzinfo=UTC),
+            "id": "",
             "owners": sorted({job.owner_id for job in members}),
             "ids": [job.id for job in members],
         }
-        ranks = {job_id: rank for job_id, rank in session.execute(_RANKS, params)}
+        rows = session.execute(_TURNS_AND_RANKS, params).all()
+        waiting = sorted((_turn(row) for row in rows if row.job_id is None), key=Turn.order)
+        ranks = {row.job_id: row.waiting for row in rows if row.job_id is not None}
         by_owner = {turn.owner_id: turn for turn in waiting}
         for job in members:
             own = by_owner.get(job.owner_id)

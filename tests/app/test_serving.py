@@ -12,7 +12,7 @@ def test_the_startup_heap_is_frozen_while_the_app_serves_and_collectable_after(s
 
     from app.main import create_app
 
-    assert gc.get_freeze_count() == 0
+    gc.unfreeze()  # what a job run in this test process before (workers.warm_up) froze
     with TestClient(create_app()) as client:
         assert client.get("/healthz").status_code == 200
         assert gc.get_freeze_count() > 50_000

@@ -1,7 +1,8 @@
 """Keyset pages of a list, newest first: jobs, datasets, code, sweeps and comparisons are listed
 `limit` at a time, and each page but the last hands back `next_cursor`, which the client passes
-as `cursor` for the next. A cursor is the (created_at, id) of the page's last row, so a page costs one index
-range whatever the list's length, and rows created meanwhile never shift the pages after it."""
+as `cursor` for the next. A cursor is the (created_at, id) of the page's last row, so a page
+costs one index range whatever the list's length, and rows created meanwhile never shift the
+pages after it."""
 
 from __future__ import annotations
 

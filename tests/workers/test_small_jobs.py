@@ -63,7 +63,7 @@ def checkpointed(job_id: str, weights: bool = True):
     folder = get_settings().resolved_artifact_dir() / job_id
     (folder / "checkpoints" / "2").mkdir(parents=True)
     (folder / "checkpoints" / "2" / "params").write_bytes(b"x" * 64)
-    for name in ("checkpoint.pt", "checkpoint.partial", "weights.safetensors")[: 3 if weights else 2]:
+    for name in ["checkpoint.pt", "checkpoint.partial", *(["weights.safetensors"] if weights else [])]:
         (folder / name).write_bytes(b"x" * 64)
     return folder
 

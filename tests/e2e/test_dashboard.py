@@ -192,6 +192,47 @@ def test_a_user_sees_only_their_own_jobs(service, page):
     expect(page.locator("#signin")).to_be_visible()
 
 
+def test_each_list_pages_back_to_the_oldest_and_forward_again(service, page):
+    """Jobs (filtered), comparisons and sweeps a page at a time (?limit=2 of three each): Older
+    follows the API's cursor, the URL keeps the page (reload, Back), Newest returns to the first."""
+    from playwright.sync_api import expect
+
+    key = service.new_key("pages")
+    with service.client(key) as client:  # no gpu or tpu worker here: everything stays queued
+        jobs = [client.submit({**DIGITS, "framework": "pytorch", "hardware": "gpu", "name": f"job-{i}"})
+                for i in range(3)]
+        comparisons = [client.compare({**DIGITS, "hardware": "tpu", "name": f"cmp-{i}"}) for i in range(3)]
+        sweeps = [client.sweep({"base": {**DIGITS, "framework": "jax", "hardware": "tpu"}, "name": f"sweep-{i}",
+                                "max_trials": 1, "space": {"batch_size": {"choice": [32, 64]}}}) for i in range(3)]
+    sign_in(page, service.url, key)
+    lists = [("/?hardware=gpu&limit=2", "#jobs-body a.job-link", "job"),  # the comparisons' jobs are tpu's
+             ("/ui/comparisons?limit=2", "#comparisons-body td:first-child a", "cmp"),
+             ("/ui/sweeps?limit=2", "#sweeps-body a.sweep-link", "sweep")]
+    for path, links, name in lists:
+        page.goto(f"{service.url}{path}")
+        shown = page.locator(links)
+        expect(shown).to_have_text([f"{name}-2", f"{name}-1"])
+        expect(page.locator("#newest")).to_be_hidden()
+        page.click("#older")
+        expect(shown).to_have_text([f"{name}-0"])
+        expect(page.locator("#older")).to_be_hidden()
+        expect(page).to_have_url(re.compile(r"limit=2.*cursor=|cursor=.*limit=2"))
+        page.reload()  # the page is in the URL
+        expect(shown).to_have_text([f"{name}-0"])
+        page.go_back()
+        expect(shown).to_have_text([f"{name}-2", f"{name}-1"])
+        page.go_forward()
+        expect(shown).to_have_text([f"{name}-0"])
+        page.click("#newest")
+        expect(shown).to_have_text([f"{name}-2", f"{name}-1"])
+        expect(page.locator("#newest")).to_be_hidden()
+    with service.client(key) as client:
+        for sweep in sweeps:
+            client.cancel_sweep(sweep["id"])
+        for job in jobs + [job for comparison in comparisons for job in comparison["jobs"].values()]:
+            client.cancel(job["id"])
+
+
 def test_the_api_docs_render_offline_under_their_csp(service, page, shots):
     """Issue 16, item 7: Swagger UI from this server's own files, nothing refused by the CSP."""
     from playwright.sync_api import expect

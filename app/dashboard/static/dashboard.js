@@ -169,6 +169,38 @@
     return items;
   }
 
+  // A list shown a page at a time, newest first. The page's cursor is in the URL (?cursor=), so
+  // Back, reload and a shared link come back to the same page; "Older" follows the page's
+  // next_cursor, "Newest" returns to the first page. ?limit= sets the page size (1..most).
+  // `list`: {path, render(items), filters() (optional: more query parameters)}.
+  function pager(size, most, list) {
+    const param = (name) => new URLSearchParams(location.search).get(name);
+    const limit = Math.min(most, Math.max(1, parseInt(param("limit"), 10) || size));
+    let next = null;
+    let shown = 0;  // the latest refresh asked for: an earlier one's late answer is dropped
+    function go(cursor) {
+      const query = new URLSearchParams(location.search);
+      if (cursor) query.set("cursor", cursor); else query.delete("cursor");
+      history.pushState(null, "", query.toString() ? `?${query}` : location.pathname);
+      refresh();
+    }
+    async function refresh() {
+      const asked = ++shown;
+      const cursor = param("cursor");
+      const filters = list.filters ? list.filters() : {};
+      const page = await api(`${list.path}?${new URLSearchParams({...filters, limit, ...(cursor ? {cursor} : {})})}`);
+      if (asked !== shown) return;
+      await list.render(page.items);
+      next = page.next_cursor;
+      $("older").hidden = !next;
+      $("newest").hidden = !cursor;
+    }
+    $("older").addEventListener("click", () => next && go(next));
+    $("newest").addEventListener("click", () => go(null));
+    addEventListener("popstate", () => refresh());
+    return refresh;
+  }
+
   // --- datasets and scores in labels -------------------------------------------------------
 
   // A spec names a built-in dataset by name and an uploaded one by id only. The names of the
@@ -327,26 +359,21 @@
 
   function jobsPage() {
     const form = $("filters");
-    let limit = 50;
     const filters = () => Object.fromEntries([...new FormData(form)].filter(([, v]) => v));
+    const refresh = pager(50, 200, {path: "/jobs", filters, async render(jobs) {
+      await learnDatasetNames(jobs.map((job) => job.spec));
+      replace($("jobs-body"), jobs.map(jobRow));
+      $("jobs-empty").hidden = jobs.length > 0;
+      $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    }});
 
-    form.addEventListener("change", () => {
-      const query = new URLSearchParams(filters()).toString();
-      history.replaceState(null, "", query ? `/?${query}` : "/");
-      limit = 50;
+    form.addEventListener("change", () => {  // new filters start again from the newest job
+      const query = new URLSearchParams(filters());
+      const limit = new URLSearchParams(location.search).get("limit");
+      if (limit) query.set("limit", limit);
+      history.replaceState(null, "", query.toString() ? `/?${query}` : "/");
       refresh();
     });
-    $("more").addEventListener("click", () => { limit = Math.min(200, limit + 50); refresh(); });
-
-    async function refresh() {
-      const page = await api(`/jobs?${new URLSearchParams({...filters(), limit})}`);
-      await learnDatasetNames(page.items.map((job) => job.spec));
-      replace($("jobs-body"), page.items.map(jobRow));
-      $("jobs-empty").hidden = page.items.length > 0;
-      $("more").hidden = !page.next_cursor || limit >= 200;
-      $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
-    }
-
     every(2000, refresh);
   }
 
@@ -628,8 +655,7 @@
   // --- comparisons -------------------------------------------------------------------------
 
   function comparisonsPage() {
-    every(3000, async () => {
-      const items = (await api("/comparisons?limit=50")).items;
+    every(3000, pager(50, 100, {path: "/comparisons", async render(items) {
       await learnDatasetNames(items.map((c) => c.spec));
       replace($("comparisons-body"), items.map((c) => h("tr", {dataset: {comparisonId: c.id}},
         h("td", {}, h("a", {href: `/ui/comparisons/${encodeURIComponent(c.id)}`}, c.spec.name || c.id.slice(0, 8))),
@@ -638,7 +664,7 @@
         ...["jax", "pytorch"].map((fw) => h("td", {}, badge(c.jobs[fw].status), " ", progressBar(c.jobs[fw].progress))),
         h("td", {class: "muted"}, new Date(c.created_at).toLocaleString()))));
       $("comparisons-empty").hidden = items.length > 0;
-    });
+    }}));
   }
 
   function comparisonPage() {
@@ -855,8 +881,7 @@
   }
 
   function sweepsPage() {
-    every(3000, async () => {
-      const items = (await api("/sweeps?limit=100")).items;
+    every(3000, pager(50, 100, {path: "/sweeps", async render(items) {
       await learnDatasetNames(items.map((s) => s.spec.base).filter((b) => b.dataset));
       replace($("sweeps-body"), items.map((sweep) => {
         const metric = sweep.spec.objective.metric;
@@ -876,7 +901,7 @@
       }));
       $("sweeps-empty").hidden = items.length > 0;
       $("sweeps-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
-    });
+    }}));
   }
 
   // Best first: the completed trials by objective, then running, then pruned (those that got

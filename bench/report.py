@@ -192,7 +192,8 @@ def criteria(results: dict) -> list[Criterion]:
         out.append(Criterion(
             f"cost linear in samples, {framework}", f"{LINEAR_FACTOR:g} x samples -> {low:.1f}..{high:.1f} x per epoch",
             "not measured" if ratio is None else
-            f"{lin['small_s']:.3f} s ({lin['small_n']}) -> {lin['large_s']:.3f} s ({lin['large_n']}) = {ratio:.2f} x",
+            f"{lin['small_s']:.3f} s ({lin['small_n']}) -> {lin['large_s']:.3f} s ({lin['large_n']}) at best; "
+            f"each round {', '.join(f'{r:.2f}' for r in lin.get('round_ratios', [ratio]))} x: median {ratio:.2f} x",
             None if ratio is None else low <= ratio <= high))
 
     rss = service.get("rss")

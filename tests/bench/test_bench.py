@@ -416,3 +416,25 @@ def test_quick_run_judges_the_small_jobs_and_cold_start_rows(quick):
         assert set(row["means"]) == set(PARTS)
     for label, framework, _ in (*KINDS, *WARM_KINDS):
         assert results["cold_start"]["kinds"][label]["online_s"] > 0
+
+
+def test_linearity_is_the_median_of_each_rounds_ratio(monkeypatch):
+    """A round's small and large runs share the machine's state; the best of each size apart would
+    pair a lucky small run with an unlucky large one (the runs below: 7.4 x best against best)."""
+    import bench.__main__ as bench_main
+
+    small = iter([0.378, 0.710, 0.719])
+    large = iter([2.807, 2.762, 2.397])
+
+    def run_loops(names, _args, _env):
+        (name,) = names
+        times = next(large if name.endswith(":80000") else small)
+        return {name: {"epoch_times": [9.0, times, times, times]}}  # the first epoch compiles
+
+    monkeypatch.setattr(bench_main, "run_loops", run_loops)
+    monkeypatch.setattr(bench_main, "LINEAR_LOOPS", {"torch_trainer": "pytorch"})
+    config = Config(linear_n=20000, linear_rounds=3)
+    lin = bench_main.measure_linearity(config, {})["pytorch"]
+    assert lin["round_ratios"] == pytest.approx([2.807 / 0.378, 2.762 / 0.710, 2.397 / 0.719])
+    assert lin["ratio"] == pytest.approx(2.762 / 0.710)  # 3.89 x: within 3.6..4.4
+    assert (lin["small_s"], lin["large_s"]) == (0.378, 2.397)

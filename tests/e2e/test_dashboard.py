@@ -226,6 +226,22 @@ def test_each_list_pages_back_to_the_oldest_and_forward_again(service, page):
         page.click("#newest")
         expect(shown).to_have_text([f"{name}-2", f"{name}-1"])
         expect(page.locator("#newest")).to_be_hidden()
+    # Back undoes a filter, and the form follows the URL
+    page.goto(f"{service.url}/?hardware=gpu&limit=2")
+    page.click("#older")
+    expect(page.locator("#jobs-body a.job-link")).to_have_text(["job-0"])
+    page.select_option("#filter-hardware", "tpu")
+    expect(page.locator("#jobs-body a.job-link")).to_have_count(2)
+    expect(page).not_to_have_url(re.compile("cursor="))
+    page.go_back()
+    expect(page.locator("#filter-hardware")).to_have_value("gpu")
+    expect(page.locator("#jobs-body a.job-link")).to_have_text(["job-0"])
+    # a cursor the API never handed out: the field's error, and Newest gets back
+    page.goto(f"{service.url}/ui/comparisons?limit=2&cursor=not-a-cursor")
+    expect(page.locator("#banner")).to_contain_text("click Newest")
+    page.click("#newest")
+    expect(page.locator("#comparisons-body td:first-child a")).to_have_text(["cmp-2", "cmp-1"])
+    expect(page.locator("#banner")).to_be_hidden()
     with service.client(key) as client:
         for sweep in sweeps:
             client.cancel_sweep(sweep["id"])

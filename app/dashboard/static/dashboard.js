@@ -137,7 +137,9 @@
   async function errorOf(response) {
     let detail = response.statusText;
     try { detail = (await response.json()).detail; } catch (_) { /* not JSON */ }
-    const error = new Error(typeof detail === "string" ? detail : JSON.stringify(detail));
+    // FastAPI's 422 detail is a list of {loc, msg}: say each field and what is wrong with it
+    const fields = Array.isArray(detail) ? detail.map((d) => `${(d.loc || []).slice(1).join(".")}: ${d.msg}`) : null;
+    const error = new Error(typeof detail === "string" ? detail : fields ? fields.join("; ") : JSON.stringify(detail));
     error.status = response.status;
     return error;
   }
@@ -172,33 +174,48 @@
   // A list shown a page at a time, newest first. The page's cursor is in the URL (?cursor=), so
   // Back, reload and a shared link come back to the same page; "Older" follows the page's
   // next_cursor, "Newest" returns to the first page. ?limit= sets the page size (1..most).
-  // `list`: {path, render(items), filters() (optional: more query parameters)}.
+  // `list`: {path, prepare(items) (async, optional), render(items), filters() and restore()
+  // (optional: more query parameters, read from the page's form, and the form set from the URL)}.
   function pager(size, most, list) {
     const param = (name) => new URLSearchParams(location.search).get(name);
-    const limit = Math.min(most, Math.max(1, parseInt(param("limit"), 10) || size));
     let next = null;
     let shown = 0;  // the latest refresh asked for: an earlier one's late answer is dropped
     function go(cursor) {
       const query = new URLSearchParams(location.search);
       if (cursor) query.set("cursor", cursor); else query.delete("cursor");
-      history.pushState(null, "", query.toString() ? `?${query}` : location.pathname);
-      refresh();
+      if (query.toString() !== new URLSearchParams(location.search).toString()) {  // a double click: one entry
+        history.pushState(null, "", query.toString() ? `?${query}` : location.pathname);
+      }
+      now();
     }
     async function refresh() {
       const asked = ++shown;
       const cursor = param("cursor");
+      const limit = Math.min(most, parseInt(param("limit"), 10) >= 1 ? parseInt(param("limit"), 10) : size);
+      $("newest").hidden = !cursor;  // a way back to the first page, even when this one fails
       const filters = list.filters ? list.filters() : {};
-      const page = await api(`${list.path}?${new URLSearchParams({...filters, limit, ...(cursor ? {cursor} : {})})}`);
+      let page;
+      try {
+        page = await api(`${list.path}?${new URLSearchParams({...filters, limit, ...(cursor ? {cursor} : {})})}`);
+      } catch (error) {
+        if (error.status !== 422 || !cursor) throw error;
+        throw Object.assign(new Error("This page's link holds a cursor the server did not hand out (edited?): click "
+          + "Newest."), {status: error.status});
+      }
+      if (list.prepare) await list.prepare(page.items);
       if (asked !== shown) return;
-      await list.render(page.items);
+      list.render(page.items);
       next = page.next_cursor;
       $("older").hidden = !next;
-      $("newest").hidden = !cursor;
     }
+    // A refresh the user asked for (a click, Back): its error shows at once, not at the next tick.
+    const now = () => refresh().then(() => banner(null), (error) => {
+      if (!(error instanceof AuthError)) banner(error.message);
+    });
     $("older").addEventListener("click", () => next && go(next));
     $("newest").addEventListener("click", () => go(null));
-    addEventListener("popstate", () => refresh());
-    return refresh;
+    addEventListener("popstate", () => { if (list.restore) list.restore(); now(); });
+    return {refresh, now};
   }
 
   // --- datasets and scores in labels -------------------------------------------------------
@@ -360,21 +377,29 @@
   function jobsPage() {
     const form = $("filters");
     const filters = () => Object.fromEntries([...new FormData(form)].filter(([, v]) => v));
-    const refresh = pager(50, 200, {path: "/jobs", filters, async render(jobs) {
-      await learnDatasetNames(jobs.map((job) => job.spec));
-      replace($("jobs-body"), jobs.map(jobRow));
-      $("jobs-empty").hidden = jobs.length > 0;
-      $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
-    }});
+    const pages = pager(50, 200, {
+      path: "/jobs",
+      filters,
+      restore() {  // Back or Forward: the filters the URL names
+        const query = new URLSearchParams(location.search);
+        for (const select of form.querySelectorAll("select")) select.value = query.get(select.name) || "";
+      },
+      prepare: (jobs) => learnDatasetNames(jobs.map((job) => job.spec)),
+      render(jobs) {
+        replace($("jobs-body"), jobs.map(jobRow));
+        $("jobs-empty").hidden = jobs.length > 0;
+        $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+      },
+    });
 
     form.addEventListener("change", () => {  // new filters start again from the newest job
       const query = new URLSearchParams(filters());
       const limit = new URLSearchParams(location.search).get("limit");
       if (limit) query.set("limit", limit);
-      history.replaceState(null, "", query.toString() ? `/?${query}` : "/");
-      refresh();
+      history.pushState(null, "", query.toString() ? `/?${query}` : "/");
+      pages.now();
     });
-    every(2000, refresh);
+    every(2000, pages.refresh);
   }
 
   function jobRow(job) {
@@ -655,8 +680,8 @@
   // --- comparisons -------------------------------------------------------------------------
 
   function comparisonsPage() {
-    every(3000, pager(50, 100, {path: "/comparisons", async render(items) {
-      await learnDatasetNames(items.map((c) => c.spec));
+    every(3000, pager(50, 100, {path: "/comparisons", prepare: (items) => learnDatasetNames(items.map((c) => c.spec)),
+      render(items) {
       replace($("comparisons-body"), items.map((c) => h("tr", {dataset: {comparisonId: c.id}},
         h("td", {}, h("a", {href: `/ui/comparisons/${encodeURIComponent(c.id)}`}, c.spec.name || c.id.slice(0, 8))),
         h("td", {}, badge(c.status)), h("td", {class: "dataset"}, datasetLabel(c.spec.dataset)), h("td", {}, c.spec.hardware),
@@ -664,7 +689,7 @@
         ...["jax", "pytorch"].map((fw) => h("td", {}, badge(c.jobs[fw].status), " ", progressBar(c.jobs[fw].progress))),
         h("td", {class: "muted"}, new Date(c.created_at).toLocaleString()))));
       $("comparisons-empty").hidden = items.length > 0;
-    }}));
+    }}).refresh);
   }
 
   function comparisonPage() {
@@ -881,8 +906,9 @@
   }
 
   function sweepsPage() {
-    every(3000, pager(50, 100, {path: "/sweeps", async render(items) {
-      await learnDatasetNames(items.map((s) => s.spec.base).filter((b) => b.dataset));
+    every(3000, pager(50, 100, {path: "/sweeps",
+      prepare: (items) => learnDatasetNames(items.map((s) => s.spec.base).filter((b) => b.dataset)),
+      render(items) {
       replace($("sweeps-body"), items.map((sweep) => {
         const metric = sweep.spec.objective.metric;
         return h("tr", {dataset: {sweepId: sweep.id, status: sweep.status}},
@@ -901,7 +927,7 @@
       }));
       $("sweeps-empty").hidden = items.length > 0;
       $("sweeps-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
-    }}));
+    }}).refresh);
   }
 
   // Best first: the completed trials by objective, then running, then pruned (those that got

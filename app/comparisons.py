@@ -28,8 +28,7 @@ def create_comparison(session: Session, owner: Caller, spec: ComparisonSpec) -> 
     )
     session.add(comparison)
     session.flush()
-    limits.check_quota(session, owner, len(FRAMEWORKS))
-    session.commit()
+    limits.commit_within_quota(session, owner, len(FRAMEWORKS))
     for job in (jax_job, torch_job):
         jobs.enqueue(session, job)
     return comparison

@@ -49,15 +49,14 @@ def create_job(session: Session, owner: Caller, spec: JobSpec, idempotency_key: 
     position = queue_position(session, job)
     session.add(job)
     try:
-        session.flush()  # the INSERT comes before check_quota's lock on the key, which is held to the commit
+        session.flush()  # the INSERT comes before commit_within_quota's lock on the key
     except IntegrityError:
         # A concurrent request with the same Idempotency-Key stored its job first: replay that.
         session.rollback()
         if idempotency_key and (earlier := replay(session, owner, spec, idempotency_key)):
             return earlier, None
         raise
-    limits.check_quota(session, owner, 1)
-    session.commit()
+    limits.commit_within_quota(session, owner, 1)
     enqueue(session, job)
     return job, position
 

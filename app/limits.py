@@ -9,16 +9,18 @@ Two kinds, with their own status codes:
 - A key over its quota (jobs queued, jobs created in the last minute) is 429; the per-minute
   one says when to retry (Retry-After, seconds).
 
-Quotas are counted in the database, from the jobs table itself: it is the one store every API
-process shares in every deployment (the embedded stack has no Redis), the jobs rows already are
-the log of submissions (created_at, status). The new rows are inserted first; then, in the same
-transaction, the key is locked (a transaction-level advisory lock on PostgreSQL, taken with the
-count in one call: migration 0024) and its jobs counted, the new ones included, and the
-transaction commits or rolls back. The count runs after the lock is granted, so it sees every
-row of the key's earlier requests: concurrent requests of one key, on any number of API
-processes, are counted one after another and never both slip under the limit, and the lock is
-held only for the count and the commit. Other keys are not blocked. SQLite (one embedded API
-process) serialises writers itself.
+Quotas are counted in the database: it is the one store every API process shares in every
+deployment (the embedded stack has no Redis). The jobs rows are the log of submissions
+(created_at); the key's queued jobs are its `job_counts` tally, kept by triggers (migration
+0018), so their count is a few rows however many are queued. The new rows are inserted first;
+then, in the same transaction, the key is locked (a transaction-level advisory lock on
+PostgreSQL), its jobs counted, the new ones included, and the transaction commits or rolls back.
+The count runs after the lock is granted, so it sees every row of the key's earlier requests:
+concurrent requests of one key, on any number of API processes, are counted one after another
+and never both slip under the limit. On PostgreSQL the lock, the count, the verdict and the
+COMMIT are one query (migration 0026), so the lock is held for the database's work alone, not
+while an API thread waits for its process's GIL. Other keys are not blocked. SQLite (one
+embedded API process) serialises writers itself.
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from sqlalchemy import bindparam, delete, func, insert, or_, select, text, union_all
+import psycopg
+from psycopg import sql as psycopg_sql
+from sqlalchemy import BigInteger, bindparam, cast, delete, func, insert, select, text, union_all
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from app import retention
 from app.config import Settings, get_settings
 from app.keys import Caller
-from app.models import Job, RejectedSubmission, utcnow
+from app.models import Job, JobCount, RejectedSubmission, utcnow
 from app.status import JobStatus
 from trainers.spec import PRIORITIES, TrainingSpec, memory_estimate, parameter_count, test_size, train_size
 
@@ -248,24 +253,29 @@ def apply_limits(spec: TrainingSpec, settings: Settings | None = None, caller: C
 
 
 # Built once: every POST /jobs runs them, and building a statement costs more than running it.
-_QUEUED = Job.status == JobStatus.QUEUED.value
 _RECENT = Job.created_at > bindparam("since")
 # PostgreSQL: an advisory lock named after the key (migration 0024), not a lock on its row, which
 # each INSERT of a job share-locks (the foreign key check).
 _ADVISORY_LOCK_KEY = text("SELECT trainhub_lock_key(:owner_id)")
 # SQLite has one writer at a time: a write that changes nothing takes that lock until the commit.
 _SQLITE_WRITE_LOCK = text("UPDATE api_keys SET id = id WHERE id = :owner_id")
-# The lock, then _COUNT_QUEUED_AND_RECENT, in one round trip (migration 0024): the section the
-# key's submissions queue on is this call and the commit.
-_LOCK_KEY_AND_COUNT = text("SELECT queued, recent FROM trainhub_lock_key_and_count(:owner_id, :since)")
+# PostgreSQL: the key's lock, its counts and the COMMIT, sent as one query (migration 0026): the
+# lock is held for the database's work alone, never while this process waits for its GIL.
+# `trainhub_check_quota` raises QUOTA_SQLSTATE, with the counts as its detail, when over a limit.
+_CHECK_QUOTA_AND_COMMIT = "SELECT FROM trainhub_check_quota({}, {}, {}, {}, {}); COMMIT"
+QUOTA_SQLSTATE = "TH429"
 _REJECTED = RejectedSubmission.__table__.c
 _REJECTED_RECENT = (_REJECTED.owner_id == bindparam("owner_id"), _REJECTED.at > bindparam("since"))
-# One query, each set from its own index: the rows read are the key's queued and recent jobs,
-# not every job it ever had, and its refused submissions of the window.
-_COUNT_QUEUED_AND_RECENT = select(
-    func.count().filter(_QUEUED),
-    func.count().filter(_RECENT) + select(func.count()).where(*_REJECTED_RECENT).scalar_subquery(),
-).where(Job.owner_id == bindparam("owner_id"), or_(_QUEUED, _RECENT))
+# The key's queued jobs from its tally rows (a few, whatever the jobs stored): on SQLite the
+# triggers run at each change, so the count includes the transaction's own flushed jobs.
+_QUEUED_TALLY = select(cast(func.coalesce(func.sum(JobCount.n), 0), BigInteger)).where(
+    JobCount.owner_id == bindparam("owner_id"), JobCount.status == JobStatus.QUEUED.value
+)
+# The key's submissions in the window, created jobs and refused ones: each set from its own index,
+# bounded by the rate limit, not by the jobs the key ever had.
+_COUNT_RECENT = select(func.count() + select(func.count()).where(*_REJECTED_RECENT).scalar_subquery()).where(
+    Job.owner_id == bindparam("owner_id"), _RECENT
+)
 # The key's submissions in the window, created jobs and refused ones alike, oldest first.
 _WINDOW = union_all(
     select(Job.created_at.label("at")).where(Job.owner_id == bindparam("owner_id"), _RECENT),
@@ -288,23 +298,53 @@ def lock_key(session: Session, owner: Caller) -> None:
         session.execute(_SQLITE_WRITE_LOCK, {"owner_id": owner.id})
 
 
-def check_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Settings | None = None) -> None:
-    """Lock the key for the rest of the transaction, count its jobs, and when its `new_jobs`
-    new jobs pass the key's queued or per-minute limit, roll the transaction back (the new rows
-    with it) and raise QuotaExceeded. Call it in the transaction that adds the jobs, once they are
-    flushed (they are counted), right before the commit."""
+def commit_within_quota(session: Session, owner: Caller, new_jobs: int = 1, settings: Settings | None = None) -> None:
+    """Commit the transaction that adds the key's `new_jobs` jobs (flushed), or, when they would
+    pass the key's queued or per-minute limit, roll it back (the new rows with it) and raise
+    QuotaExceeded. The key is locked for the count, so its submissions count one at a time.
+
+    On PostgreSQL the lock, the count and the COMMIT are one round trip (migration 0026); the
+    session's commit that follows has nothing left to send."""
+    s = settings or get_settings()
     now = utcnow()
     since = now - timedelta(seconds=RATE_WINDOW_S)
-    params = {"owner_id": owner.id, "since": since}
     if session.get_bind().dialect.name == "postgresql":
-        queued, recent = session.execute(_LOCK_KEY_AND_COUNT, params).one()
-    else:  # SQLite: the flushed INSERT holds the database's one write lock already
-        queued, recent = session.execute(_COUNT_QUEUED_AND_RECENT, params).one()
-    if error := _over_quota(
-        session, owner, queued - new_jobs, recent - new_jobs, new_jobs, since, now, settings or get_settings()
-    ):
-        session.rollback()
-        raise error
+        counts = _commit_or_counts(session, owner, new_jobs, since, s)
+    else:  # SQLite: the flushed INSERT holds the one write lock, and its tally triggers ran
+        params = {"owner_id": owner.id, "since": since}
+        queued = session.execute(_QUEUED_TALLY, params).scalar_one() - new_jobs
+        recent = session.execute(_COUNT_RECENT, params).scalar_one() - new_jobs
+        counts = None if _within(queued, recent, new_jobs, s) else (queued, recent)
+    if counts is None:
+        session.commit()
+        return
+    session.rollback()
+    raise _over_quota(session, owner, *counts, new_jobs, since, now, s)
+
+
+def _commit_or_counts(
+    session: Session, owner: Caller, new_jobs: int, since: datetime, s: Settings
+) -> tuple[int, int] | None:
+    """PostgreSQL: check and commit in one query; None when committed, else the key's queued
+    jobs and recent submissions (before these) that refused them."""
+    connection = session.connection()
+    values = (owner.id, since, new_jobs, s.max_queued_jobs_per_key, s.max_submissions_per_minute)
+    query = psycopg_sql.SQL(_CHECK_QUOTA_AND_COMMIT).format(*map(psycopg_sql.Literal, values))
+    try:
+        connection.exec_driver_sql(query.as_string(connection.connection.driver_connection))
+    except DBAPIError as error:
+        refusal = error.orig
+        if not isinstance(refusal, psycopg.Error) or refusal.sqlstate != QUOTA_SQLSTATE:
+            raise
+        queued, recent = (refusal.diag.message_detail or "").split()
+        return int(queued), int(recent)
+    return None
+
+
+def _within(queued: int, recent: int, new_jobs: int, s: Settings) -> bool:
+    """Whether `new_jobs` more fit the key's limits, given its `queued` and `recent` ones (the
+    rule trainhub_check_quota applies on PostgreSQL)."""
+    return queued + new_jobs <= s.max_queued_jobs_per_key and recent + new_jobs <= s.max_submissions_per_minute
 
 
 def queued_room(session: Session, owner: Caller, settings: Settings | None = None) -> int:
@@ -312,21 +352,19 @@ def queued_room(session: Session, owner: Caller, settings: Settings | None = Non
     a sweep starts at most that many trials at a turn, and waits for room for the rest. Exact
     only under lock_key, held until the new jobs are committed."""
     s = settings or get_settings()
-    since = utcnow() - timedelta(seconds=RATE_WINDOW_S)
-    queued = session.execute(_COUNT_QUEUED_AND_RECENT, {"owner_id": owner.id, "since": since}).one()[0]
-    return max(0, s.max_queued_jobs_per_key - queued)
+    return max(0, s.max_queued_jobs_per_key - session.execute(_QUEUED_TALLY, {"owner_id": owner.id}).scalar_one())
 
 
 def check_rate(session: Session, owner: Caller, settings: Settings | None = None) -> None:
     """QuotaExceeded (with Retry-After) when the key already used its submissions of the minute,
     created or refused: asked before a submission's body is validated, so a key sending invalid
     bodies is answered 429 without the work of explaining them. Counts only; locks nothing (the
-    exact count is check_quota's, under the key's lock)."""
+    exact count is commit_within_quota's, under the key's lock)."""
     s = settings or get_settings()
     now = utcnow()
     since = now - timedelta(seconds=RATE_WINDOW_S)
     params = {"owner_id": owner.id, "since": since}
-    recent = session.execute(_COUNT_QUEUED_AND_RECENT, params).one()[1]
+    recent = session.execute(_COUNT_RECENT, params).scalar_one()
     if recent >= s.max_submissions_per_minute:
         retry_after = seconds_until_freed(session, owner, since, now, recent - s.max_submissions_per_minute + 1)
         raise QuotaExceeded(
@@ -355,8 +393,8 @@ def _over_quota(
     since: datetime,
     now: datetime,
     s: Settings,
-) -> QuotaExceeded | None:
-    """The limit `new_jobs` more jobs would pass, given the key's `queued` and `recent` ones."""
+) -> QuotaExceeded:
+    """Why `new_jobs` more jobs do not fit, given the key's `queued` and `recent` ones."""
     if queued + new_jobs > s.max_queued_jobs_per_key:
         return QuotaExceeded(
             f"this key has {queued} job(s) queued{_and_this(new_jobs)}; the limit is {s.max_queued_jobs_per_key} "
@@ -369,15 +407,13 @@ def _over_quota(
             "(max_submissions_per_minute, set by TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE)"
         )
     excess = recent + new_jobs - s.max_submissions_per_minute
-    if excess > 0:
-        retry_after = seconds_until_freed(session, owner, since, now, excess)
-        return QuotaExceeded(
-            f"this key sent {recent} submission(s) in the last minute{_and_this(new_jobs)}; the limit is "
-            f"{s.max_submissions_per_minute} per minute (max_submissions_per_minute, set by "
-            f"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE): retry in {retry_after} s",
-            retry_after,
-        )
-    return None
+    retry_after = seconds_until_freed(session, owner, since, now, excess)
+    return QuotaExceeded(
+        f"this key sent {recent} submission(s) in the last minute{_and_this(new_jobs)}; the limit is "
+        f"{s.max_submissions_per_minute} per minute (max_submissions_per_minute, set by "
+        f"TRAINHUB_MAX_SUBMISSIONS_PER_MINUTE): retry in {retry_after} s",
+        retry_after,
+    )
 
 
 def _and_this(new_jobs: int) -> str:

@@ -58,9 +58,12 @@ def test_a_page_of_queued_jobs_costs_as_many_statements_whatever_its_size(api, a
     full = api.get("/jobs?limit=12", headers=auth).json()["items"]
     assert [job["queue_position"] for job in full[:3]] == [job["queue_position"] for job in small]
     assert len({job["queue_position"] for job in full}) == 12
-    # the key, the page, its metrics and artifacts, the queue's turns with the jobs' ranks in their keys
-    assert kinds(statements) == three == [
-        "SELECT api_keys", "SELECT jobs", "SELECT epoch_metrics", "SELECT artifacts", "SELECT jobs"]
+    # the key, the page, its metrics and artifacts (SQLAlchemy loads the two in either order), the
+    # queue's turns with the jobs' ranks in their keys
+    loads = {"SELECT epoch_metrics", "SELECT artifacts"}
+    for sent in (three, kinds(statements)):
+        assert sent[:2] == ["SELECT api_keys", "SELECT jobs"] and set(sent[2:4]) == loads, sent
+        assert sent[4:] == ["SELECT jobs"], sent
 
 
 def test_a_submit_costs_seven_statements_and_locks_the_key_only_after_its_insert(api, auth, statements):
@@ -75,11 +78,12 @@ def test_a_submit_costs_seven_statements_and_locks_the_key_only_after_its_insert
         "SELECT jobs",  # the new job's place in its queue
         "SELECT jobs",  # (the key's first queued job there: where the key itself stands)
         "INSERT jobs",
-        # the key's quota lock, held to the commit, and its queued and recent jobs (the new one
-        # included) and refusals, counted after the lock: one round trip (migration 0024)
-        "SELECT trainhub_lock_key_and_count",
+        # the key's quota lock, its queued jobs (tally) and recent submissions counted after the
+        # lock, and the COMMIT: one query, so the lock is never held waiting for the API process
+        "SELECT trainhub_check_quota",
         "UPDATE jobs",  # enqueued_at, once the id is in the broker
     ]
+    assert statements[5].rstrip().endswith("; COMMIT")
 
 
 def test_a_submit_waits_for_the_keys_quota_lock_not_behind_other_uncommitted_jobs(api, auth, services_env):
@@ -97,7 +101,7 @@ def test_a_submit_waits_for_the_keys_quota_lock_not_behind_other_uncommitted_job
         for seed in range(40):  # (any of the key's four counter rows, 1 - 4 * 0.75^40 sure)
             holder.add(jobs.new_job(owner, JobSpec.model_validate({**TPU, "seed": seed})))
         holder.flush()
-        limits.check_quota(holder, owner, 40)
+        limits.lock_key(holder, owner)
         with ThreadPoolExecutor(1) as pool:
             submitted = pool.submit(api.post, "/jobs", json=TPU, headers=auth)
             waiting = None
@@ -111,18 +115,21 @@ def test_a_submit_waits_for_the_keys_quota_lock_not_behind_other_uncommitted_job
             holder.commit()
             assert submitted.result(timeout=10).status_code == 201
     assert waiting is not None, "the submission never waited for the key's lock"
-    assert waiting.wait_event == "advisory" and "trainhub_lock_key_and_count" in waiting.query
+    assert waiting.wait_event == "advisory" and "trainhub_check_quota" in waiting.query
 
 
-def test_the_locked_count_is_the_count_queried_without_the_lock(api, auth, rows, services_env):
-    """trainhub_lock_key_and_count (migration 0024) counts what app.limits' query counts: the
-    key's queued jobs, and its jobs and refused submissions of the last minute."""
+def test_the_quota_in_the_database_counts_what_the_rows_say(api, auth, rows, services_env):
+    """trainhub_check_quota (migration 0026) counts the key's queued jobs (from its job_counts
+    tally), and its jobs and refused submissions of the last minute, as the rows say: a new job
+    is refused exactly at each limit, the refusal naming those counts, and committed below them."""
     from datetime import timedelta
 
-    from app import limits
+    from app import jobs, limits
+    from app.config import Settings
     from app.db import session_scope
     from app.keys import find_key
     from app.models import Job, RejectedSubmission, utcnow
+    from app.schemas import JobSpec
 
     ids = [api.post("/jobs", json={**TPU, "seed": i}, headers=auth).json()["id"] for i in range(5)]
     rows.start(ids[0])
@@ -135,11 +142,22 @@ def test_the_locked_count_is_the_count_queried_without_the_lock(api, auth, rows,
         session.add_all([RejectedSubmission(owner_id=owner.id, at=utcnow()),
                          RejectedSubmission(owner_id=owner.id, at=utcnow() - timedelta(minutes=2))])
         session.commit()
-        params = {"owner_id": owner.id, "since": utcnow() - timedelta(seconds=limits.RATE_WINDOW_S)}
-        locked = tuple(session.execute(limits._LOCK_KEY_AND_COUNT, params).one())
-        queried = tuple(session.execute(limits._COUNT_QUEUED_AND_RECENT, params).one())
-        session.rollback()
-    assert locked == queried == (3, 3 + 1)  # ids 2, 3, 4 queued; 0, 3, 4 recent, and one refusal
+        queued = session.scalar(select(func.count()).where(Job.owner_id == owner.id, Job.status == "queued"))
+        assert queued == 3  # ids 2, 3, 4; recent: 0, 3, 4 and one refusal
+
+        def submit(**limit: int) -> None:
+            session.add(jobs.new_job(owner, JobSpec.model_validate(TPU)))
+            session.flush()
+            settings = Settings(**{"max_queued_jobs_per_key": 100, "max_submissions_per_minute": 100, **limit})
+            limits.commit_within_quota(session, owner, 1, settings)
+
+        with pytest.raises(limits.QuotaExceeded, match=r"has 3 job\(s\) queued; the limit is 3"):
+            submit(max_queued_jobs_per_key=3)
+        with pytest.raises(limits.QuotaExceeded, match=r"sent 4 submission\(s\) in the last minute; the limit is 4"):
+            submit(max_submissions_per_minute=4)
+        assert session.scalar(select(func.count()).where(Job.owner_id == owner.id)) == 5  # both rolled back
+        submit(max_queued_jobs_per_key=4, max_submissions_per_minute=5)
+        assert session.scalar(select(func.count()).where(Job.owner_id == owner.id, Job.status == "queued")) == 4
 
 
 def test_transactions_read_committed_whatever_the_servers_default(services_env, monkeypatch):

@@ -497,6 +497,58 @@ def test_concurrent_submissions_of_one_key_never_pass_the_limit_together(api, au
     assert count_jobs() == before + 3
 
 
+def test_concurrent_submissions_of_one_key_never_pass_the_queued_limit_together(api, auth, monkeypatch):
+    """The queued count is the key's job_counts tally, which each job's commit updates: the
+    submissions that wait for the key's lock see the ones committed before them."""
+    set_limits(monkeypatch, max_queued_jobs_per_key=3)
+    before = count_jobs()
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(
+            pool.map(lambda i: api.post("/jobs", json={**DIGITS, "seed": i}, headers=auth).status_code, range(10))
+        )
+    assert sorted(codes) == [201] * 3 + [429] * 7
+    assert count_jobs() == before + 3
+    queued = api.get("/jobs?status=queued", headers=auth).json()["items"]
+    api.post(f"/jobs/{queued[0]['id']}/cancel", headers=auth)  # room for one more, and only one
+    assert [api.post("/jobs", json=DIGITS, headers=auth).status_code for _ in range(2)] == [201, 429]
+
+
+def test_on_sqlite_the_quota_counts_the_keys_queued_jobs_and_this_transactions_new_ones(tmp_path):
+    """The embedded stack's tally triggers run at each INSERT, not at the commit as on
+    PostgreSQL: commit_within_quota counts the flushed new jobs once, whichever database."""
+    from sqlalchemy.orm import Session
+
+    from app.config import Settings
+    from app.db import make_engine, migrate
+    from app.jobs import new_job
+    from app.keys import Caller
+    from app.limits import QuotaExceeded, commit_within_quota
+    from app.models import ApiKey, Job, new_id
+    from app.schemas import JobSpec
+
+    url = f"sqlite:///{tmp_path / 'trainhub.db'}"
+    migrate(url)
+    engine = make_engine(url)
+    settings = Settings(max_queued_jobs_per_key=3, max_submissions_per_minute=100)
+    spec = JobSpec.model_validate(DIGITS)
+    with Session(engine) as session:
+        key = ApiKey(id=new_id(), name="k", prefix="th_x", key_hash="h" * 64)
+        session.add(key)
+        session.commit()
+        owner = Caller(id=key.id, is_admin=False)
+        session.add_all([new_job(owner, spec), new_job(owner, spec)])
+        session.flush()
+        commit_within_quota(session, owner, 2, settings)  # 0 queued + 2 new: within 3
+        session.add_all([new_job(owner, spec), new_job(owner, spec)])
+        session.flush()
+        with pytest.raises(QuotaExceeded, match="has 2 job\\(s\\) queued and this request creates 2 more"):
+            commit_within_quota(session, owner, 2, settings)
+        session.add(new_job(owner, spec))  # the refused pair was rolled back: one more fits
+        session.flush()
+        commit_within_quota(session, owner, 1, settings)
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.owner_id == key.id)) == 3
+
+
 # --- artifacts --------------------------------------------------------------------------------
 
 

@@ -18,8 +18,8 @@ PostgreSQL), its jobs counted, the new ones included, and the transaction commit
 The count runs after the lock is granted, so it sees every row of the key's earlier requests:
 concurrent requests of one key, on any number of API processes, are counted one after another
 and never both slip under the limit. On PostgreSQL the lock, the count, the verdict and the
-COMMIT are one query (migration 0026), so the lock is held for the database's work alone, not
-while an API thread waits for its process's GIL. Other keys are not blocked. SQLite (one
+COMMIT are one query (migration 0026), so an accepted submission holds the lock for the
+database's work alone, not while an API thread waits for its process's GIL. Other keys are not blocked. SQLite (one
 embedded API process) serialises writers itself.
 """
 
@@ -308,11 +308,12 @@ def commit_within_quota(session: Session, owner: Caller, new_jobs: int = 1, sett
     s = settings or get_settings()
     now = utcnow()
     since = now - timedelta(seconds=RATE_WINDOW_S)
+    session.flush()  # whatever the transaction adds is committed under the lock, counted
     if session.get_bind().dialect.name == "postgresql":
         counts = _commit_or_counts(session, owner, new_jobs, since, s)
     else:  # SQLite: the flushed INSERT holds the one write lock, and its tally triggers ran
         params = {"owner_id": owner.id, "since": since}
-        queued = session.execute(_QUEUED_TALLY, params).scalar_one() - new_jobs
+        queued = max(0, session.execute(_QUEUED_TALLY, params).scalar_one() - new_jobs)
         recent = session.execute(_COUNT_RECENT, params).scalar_one() - new_jobs
         counts = None if _within(queued, recent, new_jobs, s) else (queued, recent)
     if counts is None:
@@ -331,7 +332,10 @@ def _commit_or_counts(
     values = (owner.id, since, new_jobs, s.max_queued_jobs_per_key, s.max_submissions_per_minute)
     query = psycopg_sql.SQL(_CHECK_QUOTA_AND_COMMIT).format(*map(psycopg_sql.Literal, values))
     try:
-        connection.exec_driver_sql(query.as_string(connection.connection.driver_connection))
+        # no_parameters: the query goes as it is, with no placeholder parsing of its literals
+        connection.execution_options(no_parameters=True).exec_driver_sql(
+            query.as_string(connection.connection.driver_connection)
+        ).close()
     except DBAPIError as error:
         refusal = error.orig
         if not isinstance(refusal, psycopg.Error) or refusal.sqlstate != QUOTA_SQLSTATE:
@@ -352,7 +356,8 @@ def queued_room(session: Session, owner: Caller, settings: Settings | None = Non
     a sweep starts at most that many trials at a turn, and waits for room for the rest. Exact
     only under lock_key, held until the new jobs are committed."""
     s = settings or get_settings()
-    return max(0, s.max_queued_jobs_per_key - session.execute(_QUEUED_TALLY, {"owner_id": owner.id}).scalar_one())
+    queued = max(0, session.execute(_QUEUED_TALLY, {"owner_id": owner.id}).scalar_one())  # a lost tally: no credit
+    return max(0, s.max_queued_jobs_per_key - queued)
 
 
 def check_rate(session: Session, owner: Caller, settings: Settings | None = None) -> None:

@@ -13,7 +13,9 @@ is released by the database alone. The key's queued jobs come from its `job_coun
 which hold the jobs committed so far, the only ones a count under the lock ever sees of other
 transactions; the tally triggers run at the commit (0024), so the caller's own new jobs are
 added as `new_jobs`. The key's recent submissions are counted as before (bounded by the rate
-limit).
+limit). `trainhub_lock_key_and_count` stays, for API processes of the previous release during a
+rolling upgrade (both lock the key with `trainhub_lock_key`, so the two exclude each other); a
+later migration may drop it.
 
 Revision ID: 0026
 Revises: 0025
@@ -34,7 +36,7 @@ DECLARE
     recent bigint;
 BEGIN
     PERFORM trainhub_lock_key(owner);
-    SELECT coalesce(sum(c.n), 0) INTO queued FROM job_counts AS c WHERE c.owner_id = owner AND c.status = 'queued';
+    SELECT greatest(coalesce(sum(c.n), 0), 0) INTO queued FROM job_counts AS c WHERE c.owner_id = owner AND c.status = 'queued';
     SELECT count(*) + (SELECT count(*) FROM rejected_submissions AS r WHERE r.owner_id = owner AND r.at > since)
       INTO recent FROM jobs AS j WHERE j.owner_id = owner AND j.created_at > since;
     IF queued + new_jobs > max_queued OR recent > max_recent THEN
@@ -43,28 +45,11 @@ BEGIN
 END $$;
 """
 
-LOCK_AND_COUNT = """
-CREATE FUNCTION trainhub_lock_key_and_count(owner text, since timestamptz, OUT queued bigint, OUT recent bigint)
-    LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    PERFORM trainhub_lock_key(owner);
-    SELECT count(*) FILTER (WHERE j.status = 'queued'),
-           count(*) FILTER (WHERE j.created_at > since)
-           + (SELECT count(*) FROM rejected_submissions AS r WHERE r.owner_id = owner AND r.at > since)
-      INTO queued, recent
-      FROM jobs AS j
-     WHERE j.owner_id = owner AND (j.status = 'queued' OR j.created_at > since);
-END $$;
-"""
-
-
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(CHECK_QUOTA)
-        op.execute("DROP FUNCTION trainhub_lock_key_and_count(text, timestamptz)")
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP FUNCTION trainhub_check_quota(text, timestamptz, bigint, bigint, bigint)")
-        op.execute(LOCK_AND_COUNT)

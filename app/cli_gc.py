@@ -38,8 +38,8 @@ def rebuild_metrics(
     """Count /metrics' job counts, queue depths and duration histograms again from the stored
     jobs and epochs (the queued-jobs quota reads the same counts). Database triggers keep them in
     step as rows change, so this is needed only if they were ever lost (e.g. rows changed with
-    the triggers disabled); on PostgreSQL it
-    holds writes to the jobs and epochs until it is done (about a second per million jobs)."""
+    the triggers disabled); on PostgreSQL it holds writes to the jobs and epochs until it is done
+    (about a second per million jobs)."""
     from app import tallies
     from app.db import session_scope
 

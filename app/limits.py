@@ -19,8 +19,8 @@ The count runs after the lock is granted, so it sees every row of the key's earl
 concurrent requests of one key, on any number of API processes, are counted one after another
 and never both slip under the limit. On PostgreSQL the lock, the count, the verdict and the
 COMMIT are one query (migration 0026), so an accepted submission holds the lock for the
-database's work alone, not while an API thread waits for its process's GIL. Other keys are not blocked. SQLite (one
-embedded API process) serialises writers itself.
+database's work alone, not while an API thread waits for its process's GIL. Other keys are not
+blocked. SQLite (one embedded API process) serialises writers itself.
 """
 
 from __future__ import annotations

@@ -36,14 +36,17 @@ DECLARE
     recent bigint;
 BEGIN
     PERFORM trainhub_lock_key(owner);
-    SELECT greatest(coalesce(sum(c.n), 0), 0) INTO queued FROM job_counts AS c WHERE c.owner_id = owner AND c.status = 'queued';
+    SELECT greatest(coalesce(sum(c.n), 0), 0) INTO queued
+      FROM job_counts AS c WHERE c.owner_id = owner AND c.status = 'queued';
     SELECT count(*) + (SELECT count(*) FROM rejected_submissions AS r WHERE r.owner_id = owner AND r.at > since)
       INTO recent FROM jobs AS j WHERE j.owner_id = owner AND j.created_at > since;
     IF queued + new_jobs > max_queued OR recent > max_recent THEN
-        RAISE EXCEPTION 'over the key''s quota' USING ERRCODE = 'TH429', DETAIL = queued || ' ' || (recent - new_jobs);
+        RAISE EXCEPTION 'over the key''s quota'
+            USING ERRCODE = 'TH429', DETAIL = queued || ' ' || (recent - new_jobs);
     END IF;
 END $$;
 """
+
 
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":

@@ -1,5 +1,6 @@
 """The PyTorch trainer's compiled step: forward, backward, clipping and the optimizer update as
-ONE torch.compile'd graph, over the parameters and optimizer state as prebuilt tensor lists.
+ONE graph compiled by AOTInductor, over the parameters and optimizer state as prebuilt tensor
+lists; a fresh worker loads it from the compile cache with torch's C++ loader alone.
 
 Why: compiling only the module (torch.compile(model)) made the step slower than eager on CPU.
 That step is three compiled pieces and two eager ones per batch: the forward graph, AOTAutograd's
@@ -22,7 +23,9 @@ import hashlib
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from functools import cache, partial
@@ -141,7 +144,7 @@ def whole_step(
     rates: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One training step of `model` with `params` (updated in place, with `state`) on the batch
-    x [B, D], y [B]: (mean loss, summed score (torch_models.score_sum)). Traced whole by dynamo."""
+    x [B, D], y [B]: (mean loss, summed score (torch_models.score_sum)). Traced whole (make_fx)."""
 
     def loss_of(named: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         with autocast():
@@ -157,8 +160,8 @@ def whole_step(
     return loss.detach(), score_sum(logits.detach(), y, task)
 
 
-_compiled: dict[tuple, Callable] = {}  # the compiled whole steps of this process, by cache_key
-compiled_ahead = 0  # whole steps this process compiled ahead of time (dynamo's callbacks miss them)
+_compiled: dict[tuple, Package] = {}  # the compiled whole steps of this process, by cache_key
+compiled_ahead = 0  # whole steps this process compiled ahead of time (dynamo never sees them)
 
 
 def cache_key(
@@ -190,12 +193,12 @@ def compiled_step(
     example: tuple,
     steps_dir: Path | None = None,
     steps_max_bytes: int = COMPILE_CACHE_MAX_BYTES,
-) -> Callable:
-    """The torch.compile'd whole_step for `key`, made now or reused: from this process's earlier
-    jobs, else from `steps_dir` (an earlier process's, see _load_or_compile). A reused one calls
-    the first job's module with this job's parameters (functional_call): same spec, same module;
-    the modules hold no buffers. `example` is whole_step's arguments after the partial, on which
-    it is compiled."""
+) -> Package | None:
+    """The compiled whole_step for `key`, made now or reused: from this process's earlier jobs,
+    else from `steps_dir` (an earlier process's, see _load_or_compile); None where AOTInductor
+    cannot compile it. A reused one is the first job's graph, which takes the parameters and
+    state as inputs: same spec, same shapes, and the modules hold no buffers. `example` is
+    whole_step's arguments after the partial, on which it is compiled."""
     path = steps_dir / artifact_name(key) if steps_dir else None
     if key in _compiled:
         if path is not None:
@@ -203,15 +206,21 @@ def compiled_step(
         return _compiled[key]
     names = [name for name, _ in model.named_parameters()]
     step = partial(whole_step, model, names, opt, autocast, task)
-    _compiled[key] = _load_or_compile(step, model, example, path, steps_max_bytes)
-    return _compiled[key]
+    compiled = _load_or_compile(step, example, path, steps_max_bytes)
+    if compiled is not None:
+        _compiled[key] = compiled
+    return compiled
 
 
 def artifact_name(key: tuple) -> str:
     """The file name of the compiled step of `key` between processes: from the key, the versions
-    of Python and torch, and the trainers' source (a step compiled from older code is not reused)."""
-    named = hashlib.sha256(repr((key, sys.version, torch.__version__, _trainers_source())).encode())
-    return f"{named.hexdigest()}.pt"
+    of Python and torch, the intra-op threads (Inductor writes their number into its kernels) and
+    the trainers' source (a step compiled from older code is not reused)."""
+    named = (key, sys.version, torch.__version__, torch.get_num_threads(), _trainers_source())
+    return f"{hashlib.sha256(repr(named).encode()).hexdigest()}{SUFFIX}"
+
+
+SUFFIX = ".pt2"  # AOTInductor's package: a zip of the compiled graph's shared library
 
 
 @cache
@@ -222,49 +231,112 @@ def _trainers_source() -> str:
     return digest.hexdigest()
 
 
-def _load_or_compile(
-    step: Callable, model: torch.nn.Module, example: tuple, path: Path | None, max_bytes: int
-) -> Callable:
-    """`step` compiled ahead of time (torch.compile's aot_compile) and saved at `path`, or loaded
-    from there when an earlier process saved it: a fresh worker skips dynamo's tracing and
-    Inductor's lowering (seconds). The file is torch's own serialisation (pickle) of what this
-    service compiled, in the workers' compile cache, like Inductor's FX graph cache beside it;
-    it is never taken from a user. Static shapes: every step has the same [batch_size, features]
-    batch (the partial last batch is dropped). fullgraph: a graph break would split the step
-    into pieces again. A file that fails to load, or whose guards refuse `example`, is compiled
-    again and replaced; where compiling ahead of time fails, the step is torch.compile'd as it
-    is called (and dynamo's callback counts it). A file loaded is marked used (its mtime); one
-    saved is followed by evict_least_recent(max_bytes)."""
+class Package:
+    """A whole step compiled by AOTInductor and loaded from its package: `package(params, state,
+    x, y, key, rates) -> (loss, score)`, updating `params` and `state` in place as whole_step
+    does. Loading one needs neither torch._dynamo nor Inductor's Python modules (~2 s of imports
+    in a fresh process): only torch's C++ loader of the shared library inside."""
+
+    def __init__(self, path: Path, signature: str, device: torch.device) -> None:
+        index = (device.index or 0) if device.type == "cuda" else -1
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+        saved = loader.get_metadata().get(SIGNATURE_KEY)
+        if saved != signature:  # the graph checks no shapes itself: a wrong file must not run
+            raise ValueError(f"it was made for other inputs: {saved}")
+        self._run = loader.run
+
+    def __call__(
+        self, params: list[torch.Tensor], state: list[list[torch.Tensor]], *rest: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, score = self._run(_flat(params, state, *rest))
+        return loss, score
+
+
+SIGNATURE_KEY = "trainhub_inputs"  # the package's metadata: what its inputs were (signature)
+
+
+def signature(example: tuple) -> str:
+    """The shapes, dtypes and devices of whole_step's flattened inputs, which the graph is made for."""
+    return repr([(tuple(t.shape), str(t.dtype), str(t.device)) for t in _flat(*example)])
+
+
+def _flat(params: list, state: list[list], *rest: torch.Tensor) -> list[torch.Tensor]:
+    return [*params, *(t for tensors in state for t in tensors), *rest]
+
+
+def _load_or_compile(step: Callable, example: tuple, path: Path | None, max_bytes: int) -> Package | None:
+    """`step` compiled ahead of time by AOTInductor into a package at `path` (a temporary file
+    when None), or loaded from there when an earlier process saved it: a fresh worker skips
+    tracing and lowering (seconds) and the imports of dynamo and Inductor. The package is what
+    this service compiled, in the workers' compile cache; it is never taken from a user. Static
+    shapes: every step has the same [batch_size, features] batch (the partial last batch is
+    dropped). A file that fails to load, or was made for other inputs, is compiled again and
+    replaced; where AOTInductor cannot compile the step, None (the caller compiles the module
+    instead). A file loaded is marked used (its mtime); one saved is followed by
+    evict_least_recent(max_bytes)."""
     global compiled_ahead
+    device, wanted = example[0][0].device, signature(example)
     if path is not None:
         try:
-            with path.open("rb") as file:
-                loaded = torch.compiler.load_compiled_function(file, external_data={"model": model})
-            loaded(*_copies(example))  # its guards check the example's shapes, dtypes and devices
+            loaded = Package(path, wanted, device)
             _mark_used(path)
             return loaded
-        except FileNotFoundError:
-            pass
-        except Exception:  # a damaged file, or one this torch can no longer read: make it again
-            log.warning("the compiled step at %s could not be used; compiling it again", path, exc_info=True)
-    compile_ = torch.compile(step, fullgraph=True, dynamic=False)
-    try:
-        compiled = compile_.aot_compile((_copies(example), {}))  # type: ignore[attr-defined]
-    except Exception:
-        log.warning("the step could not be compiled ahead of time; compiling it as it runs", exc_info=True)
-        return compile_
-    compiled_ahead += 1
-    if path is not None:
+        except Exception as exc:  # missing, damaged, or made by a torch this one cannot read
+            if path.exists():
+                log.warning("the compiled step at %s could not be used (%s); compiling it again", path, exc)
+    with tempfile.TemporaryDirectory(prefix="trainhub-step-") as tmp:
+        made = Path(tmp) / f"step{SUFFIX}"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if path.exists() and not path.is_file():  # (torch would leave its temporary file beside it)
-                raise IsADirectoryError(f"{path} is not a file: remove it")
-            compiled.save_compiled_function(str(path), external_data={"model": model})
-            path.chmod(0o644)  # (written 0600): a host's workers may run as other users
-            evict_least_recent(path.parent, max_bytes, keep=path)
+            _compile_package(step, example, made, wanted)
+            compiled = Package(made, wanted, device)
         except Exception:
-            log.warning("the compiled step could not be saved at %s", path, exc_info=True)
+            log.warning("AOTInductor could not compile the step; compiling the module instead", exc_info=True)
+            return None
+        compiled_ahead += 1
+        if path is not None:
+            _keep(made, path, max_bytes)
     return compiled
+
+
+def _compile_package(step: Callable, example: tuple, package: Path, wanted: str) -> None:
+    """Trace `step` on `example` (make_fx: torch.export cannot trace torch.func's gradients
+    itself) into an aten graph with its in-place updates, export that, and compile it with
+    AOTInductor into `package`, its inputs' signature in the package's metadata."""
+    from torch._inductor import aoti_compile_and_package
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    counts = [len(example[0]), *(len(tensors) for tensors in example[1])]
+
+    class Flat(torch.nn.Module):  # whole_step over one flat list of tensors, as the loader passes them
+        def forward(self, *flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            lists, at = [], 0
+            for count in counts:
+                lists.append(list(flat[at : at + count]))
+                at += count
+            return step(lists[0], lists[1:], *flat[at:])
+
+    inputs = tuple(_flat(*_copies(example)))
+    graph = make_fx(Flat(), tracing_mode="fake")(*inputs)
+    exported = torch.export.export(graph, inputs, strict=False)
+    aoti_compile_and_package(
+        exported, package_path=str(package), inductor_configs={"aot_inductor.metadata": {SIGNATURE_KEY: wanted}}
+    )
+
+
+def _keep(made: Path, path: Path, max_bytes: int) -> None:
+    """Copy the package just compiled into the host's cache at `path` (whole, by a rename, so
+    another worker never loads half of it), then evict_least_recent(max_bytes)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_file():
+            raise IsADirectoryError(f"{path} is not a file: remove it")
+        partial_path = path.with_name(f".{path.name}.{os.getpid()}")
+        shutil.copyfile(made, partial_path)
+        partial_path.chmod(0o644)  # a host's workers may run as other users
+        partial_path.replace(path)
+        evict_least_recent(path.parent, max_bytes, keep=path)
+    except Exception:
+        log.warning("the compiled step could not be saved at %s", path, exc_info=True)
 
 
 def _mark_used(path: Path) -> None:
@@ -275,14 +347,17 @@ def _mark_used(path: Path) -> None:
 
 
 def evict_least_recent(directory: Path, max_bytes: int, keep: Path) -> int:
-    """Remove the compiled steps (*.pt) of `directory` used least recently (by mtime: when saved or
-    last used) until the rest fit in `max_bytes`, never `keep` (the one just saved) unless it is
-    alone larger than the bound: then it goes, and the others stay. Returns how many were
+    """Remove the compiled steps of `directory` (its files, older formats' included, not those
+    being copied in) used least recently (by mtime: when saved or last used) until the rest fit
+    in `max_bytes`, never `keep` (the one just saved) unless it is alone larger than the bound:
+    then it goes, and the others stay. Returns how many were
     removed. Another worker of the host may be evicting or loading at the same time: a file gone
     already is skipped, and a worker whose file goes compiles its step again; a file this
     process may not remove (another user's) is left, and still counts."""
     others, kept = [], 0
-    for file in directory.glob("*.pt"):
+    for file in directory.iterdir():
+        if file.name.startswith("."):  # a package being copied in (_keep)
+            continue
         try:
             stat = file.stat()
         except FileNotFoundError:
@@ -338,7 +413,7 @@ def make(
     key: tuple,
     steps_dir: Path | None = None,
     steps_max_bytes: int = COMPILE_CACHE_MAX_BYTES,
-) -> FusedStep:
+) -> FusedStep | None:
     """`step(x, y) -> (loss, score)`: the compiled whole step over `model`'s parameters and
     `optimizer`'s state (one optimizer step, as optimizer.step() would take it; the caller steps
     the scheduler). Compiled here, on a batch of the training shape run on copies of the
@@ -347,7 +422,8 @@ def make(
     Each step's dropout key is drawn from torch's generator of the device (the CPU's or CUDA's),
     which the trainer seeds per epoch from (seed, epoch) and checkpoints mid-epoch: the masks
     repeat in a resumed run. `steps_dir` keeps the compiled step for later processes (None: this
-    process only), its files within `steps_max_bytes` (evict_least_recent)."""
+    process only), its files within `steps_max_bytes` (evict_least_recent). None where
+    AOTInductor cannot compile the step."""
     opt = spec.optimizer
     params = [p.detach() for p in model.parameters()]  # aliases: updated in place, no autograd
     state = optimizer_state(opt, optimizer)
@@ -360,19 +436,14 @@ def make(
     batch = torch.arange(spec.batch_size, device=x_train.device)
     example = (params, state, x_train[batch], y_train[batch], torch.zeros((), dtype=torch.int32, device=device), rates)
     compiled = compiled_step(key, model, opt, autocast, task, example, steps_dir, steps_max_bytes)
-    compiled(*_copies(example))  # (a step compiled as it runs is compiled here, not in the first epoch)
-    if hasattr(compiled, "disable_guard_check"):  # compiled ahead of time, its guards held for the example
-        compiled.disable_guard_check()
+    if compiled is None:
+        return None
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         taken[0] += 1
         rates.copy_(torch.tensor(rates_at(group["lr"], taken[0]), dtype=torch.float32))
         dropout_key = torch.randint(-(2**31), 2**31 - 1, (), dtype=torch.int32, device=device)
-        # Every call passes the tensors the warm-up's graph was made for (the same shapes, the
-        # same parameter and state tensors): only the guards telling dynamo's cache entries
-        # apart need checking, about a tenth of the step's time on CPU.
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return compiled(params, state, x, y, dropout_key, rates)
+        return compiled(params, state, x, y, dropout_key, rates)
 
     # The scheduler warns when it steps before optimizer.step() ever ran: this step takes its steps.
     optimizer._opt_called = True  # type: ignore[attr-defined]

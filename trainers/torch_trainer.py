@@ -338,8 +338,9 @@ def make_train_step(spec: JobSpec, run: Run, world: OneDevice | Group) -> TrainS
     Compiled, the whole step is one graph where trainers.torch_step covers the run (the built-in
     models without batch norm, on one device, without privacy); otherwise the module is compiled
     (its forward and backward) and the optimizer steps eagerly, as it does without compile."""
-    if spec.compile and torch_step.supported(spec, run.model, world.size, run.user_code):
-        return _whole_step(spec, run)
+    whole = _whole_step(spec, run) if torch_step.supported(spec, run.model, world.size, run.user_code) else None
+    if whole is not None:
+        return whole
     step = _module_step(spec, run, world.wrap(compile_model(spec, run)), world)
 
     def scored(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -349,10 +350,10 @@ def make_train_step(spec: JobSpec, run: Run, world: OneDevice | Group) -> TrainS
     return scored
 
 
-def _whole_step(spec: JobSpec, run: Run) -> TrainStep:
-    """torch_step's compiled whole step for `run`, the scheduler stepped after each step."""
+def _whole_step(spec: JobSpec, run: Run) -> TrainStep | None:
+    """torch_step's compiled whole step for `run`, the scheduler stepped after each step; None
+    where AOTInductor cannot compile it."""
     key = ("whole", *torch_step.cache_key(spec, run.model, tuple(run.x_train.shape[1:]), run.device, run.task))
-    _start_compiling(key)
     steps_dir = run.compile_cache_dir / "torch-steps" if run.compile_cache_dir else None
     fused = torch_step.make(
         spec,
@@ -366,7 +367,7 @@ def _whole_step(spec: JobSpec, run: Run) -> TrainStep:
         steps_dir,
         run.compile_cache_max_bytes,
     )
-    if run.scheduler is None:
+    if fused is None or run.scheduler is None:
         return fused
     scheduler = run.scheduler
 
@@ -647,8 +648,7 @@ def make_optimizer(
     Clipping (clip_grad_norm_) is done by the loop, before optimizer.step().
     """
     opt = spec.optimizer
-    if not spec.compile:
-        skip_dynamo_import()
+    skip_dynamo_import()
     if opt.name == "adam" and not opt.weight_decay:
         optimizer = _adam(model, opt.learning_rate, device)
     else:
@@ -662,7 +662,7 @@ def make_optimizer(
 
 
 def skip_dynamo_import() -> None:
-    """Let an eager run's optimizer be built, zeroed, saved and restored without importing
+    """Let a run's optimizer be built, zeroed, saved and restored without importing
     torch._dynamo (~1.3 s, most of a fresh worker's first PyTorch job's setup). torch.optim wraps
     those Optimizer methods in torch._disable_dynamo, which imports dynamo at their first call to
     build the wrapper it then caches on the function (`__dynamo_disable`); outside a compiled

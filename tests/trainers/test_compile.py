@@ -7,7 +7,11 @@ is learned.
 """
 
 import hashlib
+import json
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -132,6 +136,68 @@ def test_a_new_worker_loads_the_compiled_step_an_earlier_one_saved(tmp_path, dig
         assert np.array_equal(loaded_weights[name], weight) and np.array_equal(recompiled_weights[name], weight)
     assert learned(loaded) == learned(first) == learned(recompiled)
     assert first.result["test_accuracy"] > 0.9
+
+
+# A fresh worker process: the job's step from the compile cache, and which modules it took.
+FRESH_WORKER = """
+import json, sys
+from pathlib import Path
+from trainers import JobSpec, RunOptions, fit
+spec = JobSpec.model_validate_json(sys.argv[1])
+result = fit(spec, sys.argv[2], lambda epoch, metrics: None, options=RunOptions(compile_cache_dir=Path(sys.argv[3])))
+imported = [name for name in ("torch._dynamo", "torch._inductor.lowering") if name in sys.modules]
+print(json.dumps({"compilations": result.timings["compilations"], "imported": imported,
+                  "accuracy": result.result["test_accuracy"]}))
+"""
+
+
+def test_a_fresh_worker_runs_a_saved_step_without_dynamo_or_inductor(tmp_path, digits_spec, fresh_dynamo):
+    # What a fresh worker's first compiled job waits for (issue 23's cold start): the step from
+    # the compile cache, loaded by torch's C++ loader alone, with nothing traced or imported for it.
+    spec = digits_spec("pytorch", compile=True, epochs=2, model={"dropout": 0.2})
+    cache = tmp_path / "cache"
+    first = fit(spec, tmp_path / "first", lambda epoch, metrics: None, options=RunOptions(compile_cache_dir=cache))
+
+    done = subprocess.run([sys.executable, "-c", FRESH_WORKER, spec.model_dump_json(), str(tmp_path / "fresh"),
+                           str(cache)], capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    fresh = json.loads(done.stdout.strip().splitlines()[-1])
+    assert fresh == {"compilations": 0, "imported": [], "accuracy": first.result["test_accuracy"]}
+
+
+def test_a_saved_step_made_for_other_inputs_is_compiled_again(tmp_path, digits_spec, fresh_dynamo):
+    # The compiled graph checks no shapes: a file under another step's name (a copy by hand, a
+    # bug in the naming) is refused by the inputs its metadata names, and replaced.
+    options = RunOptions(compile_cache_dir=tmp_path / "cache")
+    small, large = (digits_spec("pytorch", compile=True, epochs=1, model={"hidden_sizes": [h]}) for h in (32, 64))
+    fit(small, tmp_path / "small", lambda e, m: None, options=options)
+    [small_step] = (tmp_path / "cache" / "torch-steps").iterdir()
+    first = fit(large, tmp_path / "large", lambda e, m: None, options=options)
+    [large_step] = set((tmp_path / "cache" / "torch-steps").iterdir()) - {small_step}
+    shutil.copyfile(small_step, large_step)
+    forget_compiled_steps()
+
+    again = fit(large, tmp_path / "again", lambda e, m: None, options=options)
+
+    assert again.timings["compilations"] == 1
+    assert large_step.read_bytes() != small_step.read_bytes()
+    assert learned(again) == learned(first)
+
+
+def test_where_aot_inductor_fails_the_module_is_compiled_instead(tmp_path, digits_spec, fresh_dynamo, monkeypatch):
+    # A host where AOTInductor cannot build the step (say, a CUDA host without the toolkit's
+    # headers) still trains compiled: the module path, forward and backward through Dynamo.
+    def unbuildable(*args, **kwargs):
+        raise RuntimeError("no compiler for the wrapper")
+
+    monkeypatch.setattr(torch_step, "_compile_package", unbuildable)
+    result = fit(digits_spec("pytorch", compile=True, epochs=2), tmp_path / "run", lambda e, m: None,
+                 options=RunOptions(compile_cache_dir=tmp_path / "cache"))
+
+    assert result.timings["compilations"] == 1
+    assert not (tmp_path / "cache" / "torch-steps").exists()
+    assert result.result["test_accuracy"] > 0.9
 
 
 def test_compiled_steps_past_the_cache_bound_leave_the_least_recently_used_first(tmp_path, digits_spec, fresh_dynamo):

@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from functools import cache, partial
@@ -73,7 +74,7 @@ def optimizer_state(opt: OptimizerSpec, optimizer: torch.optim.Optimizer) -> lis
     for p in params:
         state = optimizer.state[p]
         for key, tensors in zip(keys, lists):
-            if key == "step":  # one dtype and device whoever made it, so the compiled step's guards hold
+            if key == "step":  # one dtype and device whoever made it: the compiled step's inputs
                 value = state.get(key, torch.zeros(()))
                 state[key] = torch.as_tensor(value, dtype=torch.float32).to(p.device).clone()
             elif state.get(key) is None:
@@ -161,6 +162,8 @@ def whole_step(
 
 
 _compiled: dict[tuple, Package] = {}  # the compiled whole steps of this process, by cache_key
+_unbuildable: set[tuple] = set()  # the keys AOTInductor failed to compile in this process
+MAX_LOADED = 32  # compiled steps a process keeps loaded (each ~2 MB of library and kernels)
 compiled_ahead = 0  # whole steps this process compiled ahead of time (dynamo never sees them)
 
 
@@ -168,10 +171,12 @@ def cache_key(
     spec: JobSpec, model: torch.nn.Module, x_shape: tuple[int, ...], device: torch.device, task: str
 ) -> tuple:
     """What the compiled step's graph depends on: a later job with the same key reuses it, its
-    guards unchecked (make). The parameters' shapes are in it: the same spec on a dataset with
-    other classes has another output layer."""
+    inputs unchecked (make). The parameters' shapes are in it: the same spec on a dataset with
+    other classes has another output layer; and the image shape the model reshapes its flat
+    input to ([6, 10, 3] and [10, 6, 3] give a CNN the same parameters)."""
     return (
         spec.model.model_dump_json(),
+        tuple(getattr(model, "input_shape", ())),
         # The rate and its schedule reach the step as a tensor (rates_at): a sweep's trials over
         # learning rates share one compiled step.
         spec.optimizer.model_dump_json(exclude={"learning_rate", "schedule", "warmup_epochs"}),
@@ -200,23 +205,31 @@ def compiled_step(
     state as inputs: same spec, same shapes, and the modules hold no buffers. `example` is
     whole_step's arguments after the partial, on which it is compiled."""
     path = steps_dir / artifact_name(key) if steps_dir else None
+    if key in _unbuildable:
+        return None
     if key in _compiled:
         if path is not None:
             _mark_used(path)  # in use on this worker: the last to leave the host's cache
         return _compiled[key]
     names = [name for name, _ in model.named_parameters()]
     step = partial(whole_step, model, names, opt, autocast, task)
-    compiled = _load_or_compile(step, example, path, steps_max_bytes)
-    if compiled is not None:
-        _compiled[key] = compiled
+    compiled = _load_or_compile(step, example, path, steps_max_bytes, made_for(key, example))
+    if compiled is None:
+        _unbuildable.add(key)  # not tried again by this process: it fails late, after seconds
+        return None
+    if len(_compiled) >= MAX_LOADED:  # a year of models: the first loaded goes (its library unloaded)
+        del _compiled[next(iter(_compiled))]
+    _compiled[key] = compiled
     return compiled
 
 
 def artifact_name(key: tuple) -> str:
     """The file name of the compiled step of `key` between processes: from the key, the versions
-    of Python and torch, the intra-op threads (Inductor writes their number into its kernels) and
-    the trainers' source (a step compiled from older code is not reused)."""
-    named = (key, sys.version, torch.__version__, torch.get_num_threads(), _trainers_source())
+    of Python and torch, the intra-op threads (Inductor writes their number into its kernels), the
+    CPU's vector instructions (its kernels are built for this CPU's) and the trainers' source (a
+    step compiled from older code is not reused)."""
+    cpu = torch.backends.cpu.get_cpu_capability()
+    named = (key, sys.version, torch.__version__, torch.get_num_threads(), cpu, _trainers_source())
     return f"{hashlib.sha256(repr(named).encode()).hexdigest()}{SUFFIX}"
 
 
@@ -237,12 +250,12 @@ class Package:
     does. Loading one needs neither torch._dynamo nor Inductor's Python modules (~2 s of imports
     in a fresh process): only torch's C++ loader of the shared library inside."""
 
-    def __init__(self, path: Path, signature: str, device: torch.device) -> None:
+    def __init__(self, path: Path, made_for: str, device: torch.device) -> None:
         index = (device.index or 0) if device.type == "cuda" else -1
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
-        saved = loader.get_metadata().get(SIGNATURE_KEY)
-        if saved != signature:  # the graph checks no shapes itself: a wrong file must not run
-            raise ValueError(f"it was made for other inputs: {saved}")
+        saved = loader.get_metadata().get(MADE_FOR_KEY)
+        if saved != made_for:  # the graph checks no shapes itself: a wrong file must not run
+            raise ValueError(f"it was made for another step or other inputs: {saved}")
         self._run = loader.run
 
     def __call__(
@@ -252,30 +265,32 @@ class Package:
         return loss, score
 
 
-SIGNATURE_KEY = "trainhub_inputs"  # the package's metadata: what its inputs were (signature)
+MADE_FOR_KEY = "trainhub_step"  # the package's metadata: the step it was made for (made_for)
 
 
-def signature(example: tuple) -> str:
-    """The shapes, dtypes and devices of whole_step's flattened inputs, which the graph is made for."""
-    return repr([(tuple(t.shape), str(t.dtype), str(t.device)) for t in _flat(*example)])
+def made_for(key: tuple, example: tuple) -> str:
+    """The step's cache_key, and the shapes, dtypes and devices of whole_step's flattened inputs:
+    what the graph is made for, kept in its package and checked at load."""
+    inputs = [(tuple(t.shape), str(t.dtype), str(t.device)) for t in _flat(*example)]
+    return repr((key, inputs))
 
 
 def _flat(params: list, state: list[list], *rest: torch.Tensor) -> list[torch.Tensor]:
     return [*params, *(t for tensors in state for t in tensors), *rest]
 
 
-def _load_or_compile(step: Callable, example: tuple, path: Path | None, max_bytes: int) -> Package | None:
+def _load_or_compile(step: Callable, example: tuple, path: Path | None, max_bytes: int, wanted: str) -> Package | None:
     """`step` compiled ahead of time by AOTInductor into a package at `path` (a temporary file
     when None), or loaded from there when an earlier process saved it: a fresh worker skips
     tracing and lowering (seconds) and the imports of dynamo and Inductor. The package is what
     this service compiled, in the workers' compile cache; it is never taken from a user. Static
     shapes: every step has the same [batch_size, features] batch (the partial last batch is
-    dropped). A file that fails to load, or was made for other inputs, is compiled again and
-    replaced; where AOTInductor cannot compile the step, None (the caller compiles the module
-    instead). A file loaded is marked used (its mtime); one saved is followed by
-    evict_least_recent(max_bytes)."""
+    dropped). A file that fails to load, or was made for another step (`wanted`, made_for), is
+    compiled again and replaced; where AOTInductor cannot compile the step, None (the caller
+    compiles the module instead). A file loaded is marked used (its mtime); one saved is
+    followed by evict_least_recent(max_bytes)."""
     global compiled_ahead
-    device, wanted = example[0][0].device, signature(example)
+    device = example[0][0].device
     if path is not None:
         try:
             loaded = Package(path, wanted, device)
@@ -301,7 +316,7 @@ def _load_or_compile(step: Callable, example: tuple, path: Path | None, max_byte
 def _compile_package(step: Callable, example: tuple, package: Path, wanted: str) -> None:
     """Trace `step` on `example` (make_fx: torch.export cannot trace torch.func's gradients
     itself) into an aten graph with its in-place updates, export that, and compile it with
-    AOTInductor into `package`, its inputs' signature in the package's metadata."""
+    AOTInductor into `package`, `wanted` (made_for) in the package's metadata."""
     from torch._inductor import aoti_compile_and_package
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -319,7 +334,7 @@ def _compile_package(step: Callable, example: tuple, package: Path, wanted: str)
     graph = make_fx(Flat(), tracing_mode="fake")(*inputs)
     exported = torch.export.export(graph, inputs, strict=False)
     aoti_compile_and_package(
-        exported, package_path=str(package), inductor_configs={"aot_inductor.metadata": {SIGNATURE_KEY: wanted}}
+        exported, package_path=str(package), inductor_configs={"aot_inductor.metadata": {MADE_FOR_KEY: wanted}}
     )
 
 
@@ -347,20 +362,21 @@ def _mark_used(path: Path) -> None:
 
 
 def evict_least_recent(directory: Path, max_bytes: int, keep: Path) -> int:
-    """Remove the compiled steps of `directory` (its files, older formats' included, not those
-    being copied in) used least recently (by mtime: when saved or last used) until the rest fit
-    in `max_bytes`, never `keep` (the one just saved) unless it is alone larger than the bound:
-    then it goes, and the others stay. Returns how many were
+    """Remove the compiled steps of `directory` (its files, older formats' and copies a killed
+    worker left included, not those being copied in) used least recently (by mtime: when saved
+    or last used) until the rest fit in `max_bytes`, never `keep` (the one just saved) unless it
+    is alone larger than the bound: then it goes, and the others stay. Returns how many were
     removed. Another worker of the host may be evicting or loading at the same time: a file gone
     already is skipped, and a worker whose file goes compiles its step again; a file this
     process may not remove (another user's) is left, and still counts."""
     others, kept = [], 0
+    copying_since = time.time() - 3600  # a copy older than this was left by a killed worker
     for file in directory.iterdir():
-        if file.name.startswith("."):  # a package being copied in (_keep)
-            continue
         try:
             stat = file.stat()
         except FileNotFoundError:
+            continue
+        if file.name.startswith(".") and stat.st_mtime > copying_since:  # being copied in (_keep)
             continue
         if file == keep:
             kept = stat.st_size
@@ -398,8 +414,9 @@ def _copies(example: tuple) -> tuple:
 
 
 def reset() -> None:
-    """Forget the compiled steps; the caller also calls torch.compiler.reset(), which drops their graphs."""
+    """Forget the compiled steps and failures of this process, as a new worker process would."""
     _compiled.clear()
+    _unbuildable.clear()
 
 
 def make(

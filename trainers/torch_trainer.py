@@ -589,7 +589,6 @@ def _start_compiling(key: tuple) -> None:
     if key not in _compiled_steps and len(_compiled_steps) >= torch._dynamo.config.recompile_limit - 1:
         torch.compiler.reset()
         _compiled_steps.clear()
-        torch_step.reset()
     _compiled_steps.add(key)
     _count_compilations()  # after any reset, which drops dynamo's callbacks
 

@@ -2,9 +2,9 @@
 what their first job would import on top (JAX's CPU client; PyTorch's trainer and optimizer),
 so that job starts training without waiting for them.
 
-Not torch._dynamo (~1.3 s): an eager job never needs it (torch_trainer.skip_dynamo_import), and
-a job that arrived during the warm-up would wait for all of it (the import lock); a "compile"
-job imports it.
+Not torch._dynamo (~1.3 s): no job needs it but one compiling a step the compile cache lacks
+(torch_trainer.skip_dynamo_import; a cached step is loaded by torch's C++ loader), and a job
+that arrived during the warm-up would wait for all of it (the import lock).
 
 Off by default: a worker then imports only what its jobs need. A job arriving during the warm-up
 waits only for the rest of its framework's import (Python's import lock), never for the other's.

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -188,16 +189,23 @@ def test_a_saved_step_made_for_other_inputs_is_compiled_again(tmp_path, digits_s
 def test_where_aot_inductor_fails_the_module_is_compiled_instead(tmp_path, digits_spec, fresh_dynamo, monkeypatch):
     # A host where AOTInductor cannot build the step (say, a CUDA host without the toolkit's
     # headers) still trains compiled: the module path, forward and backward through Dynamo.
+    tried = []
+
     def unbuildable(*args, **kwargs):
+        tried.append(1)
         raise RuntimeError("no compiler for the wrapper")
 
     monkeypatch.setattr(torch_step, "_compile_package", unbuildable)
-    result = fit(digits_spec("pytorch", compile=True, epochs=2), tmp_path / "run", lambda e, m: None,
-                 options=RunOptions(compile_cache_dir=tmp_path / "cache"))
+    options = RunOptions(compile_cache_dir=tmp_path / "cache")
+    result = fit(digits_spec("pytorch", compile=True, epochs=2), tmp_path / "run", lambda e, m: None, options=options)
+    again = fit(digits_spec("pytorch", compile=True, epochs=2), tmp_path / "again", lambda e, m: None, options=options)
 
     assert result.timings["compilations"] == 1
     assert not (tmp_path / "cache" / "torch-steps").exists()
     assert result.result["test_accuracy"] > 0.9
+    # The worker does not try again for every job (it fails late, after seconds of tracing).
+    assert len(tried) == 1 and again.timings["compilations"] == 0
+    assert learned(again) == learned(result)
 
 
 def test_compiled_steps_past_the_cache_bound_leave_the_least_recently_used_first(tmp_path, digits_spec, fresh_dynamo):
@@ -235,6 +243,12 @@ def test_eviction_keeps_the_steps_used_last_and_the_one_just_saved(tmp_path):
     (tmp_path / "huge.pt").write_bytes(b"x" * 50)  # alone over the bound: it goes, the rest stay
     assert torch_step.evict_least_recent(tmp_path, 20, keep=tmp_path / "huge.pt") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.pt", "other.pt"]
+    # A copy being made is left alone; one a killed worker left an hour ago goes first.
+    for name, mtime in ((".copying.pt2.7", time.time()), (".left.pt2.8", time.time() - 7200)):
+        (tmp_path / name).write_bytes(b"x" * 10)
+        os.utime(tmp_path / name, (mtime, mtime))
+    assert torch_step.evict_least_recent(tmp_path, 14, keep=tmp_path / "new.pt") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".copying.pt2.7", "new.pt", "other.pt"]
 
 
 def test_the_same_spec_on_data_with_other_classes_gets_its_own_step(tmp_path, fresh_dynamo):
@@ -261,6 +275,37 @@ def test_the_same_spec_on_data_with_other_classes_gets_its_own_step(tmp_path, fr
     assert after_three.timings["compilations"] == 1
     assert learned(after_three) == learned(alone)
     assert alone.result["test_accuracy"] > 0.5
+
+
+def test_images_of_other_shapes_with_the_same_features_get_their_own_step(tmp_path, fresh_dynamo):
+    # [6, 10, 3] and [10, 6, 3] images: the same flat features and, pooled, the same CNN
+    # parameters; but the step reshapes its input to the image, so it is not shared.
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 300).astype(np.int32)
+
+    def run(shape: tuple[int, ...], name: str, cache_dir=None):
+        x = rng.integers(0, 120, (300, *shape)).astype(np.uint8)
+        x[np.arange(300), ..., y] += 100
+        path = tmp_path / f"{name}.safetensors"
+        write(path, DatasetArrays(x[:240], y[:240], x[240:], y[240:], "classification", ["r", "g", "b"], "npz"))
+        info = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "task": "classification",
+                "input_shape": list(shape), "num_classes": 3, "train_size": 240, "test_size": 60}
+        spec = JobSpec(framework="pytorch", compile=True, epochs=2, batch_size=20,
+                       dataset={"id": "ds_" + "0" * 32, "info": info},
+                       model={"name": "cnn", "channels": [4], "hidden_sizes": [16]})
+        return fit(spec, tmp_path / name, lambda e, m: None,
+                   options=RunOptions(dataset_file=path, compile_cache_dir=cache_dir))
+
+    rng_state = rng.bit_generator.state
+    alone = run((10, 6, 3), "alone")
+    forget_compiled_steps()
+    run((6, 10, 3), "wide", tmp_path / "cache")
+    rng.bit_generator.state = rng_state  # the tall data again, drawn the same
+    after_wide = run((10, 6, 3), "tall", tmp_path / "cache")
+
+    assert after_wide.timings["compilations"] == 1
+    assert learned(after_wide) == learned(alone)
+    assert len(list((tmp_path / "cache" / "torch-steps").iterdir())) == 2
 
 
 def test_jobs_differing_in_learning_rate_share_the_compiled_step(tmp_path, digits_spec, fresh_dynamo):

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-import psycopg
-from psycopg import sql as psycopg_sql
 from sqlalchemy import BigInteger, bindparam, cast, delete, func, insert, select, text, union_all
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -330,6 +328,9 @@ def _commit_or_counts(
     jobs and recent submissions (before these) that refused them."""
     connection = session.connection()
     values = (owner.id, since, new_jobs, s.max_queued_jobs_per_key, s.max_submissions_per_minute)
+    import psycopg  # here: the embedded stack (SQLite) runs without it
+    from psycopg import sql as psycopg_sql
+
     query = psycopg_sql.SQL(_CHECK_QUOTA_AND_COMMIT).format(*map(psycopg_sql.Literal, values))
     try:
         # no_parameters: the query goes as it is, with no placeholder parsing of its literals

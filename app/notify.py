@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import psycopg
-from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 from starlette.concurrency import run_in_threadpool
 
@@ -171,6 +169,9 @@ class Hub:
         self.live = False
 
     async def _listen(self) -> None:
+        import psycopg  # here: the embedded stack (SQLite) runs without it
+        from psycopg.conninfo import make_conninfo
+
         assert self._dsn is not None  # started only with a dsn
         # TCP keepalives, so a peer gone silent is noticed without sending queries
         dsn = make_conninfo(self._dsn, keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3)

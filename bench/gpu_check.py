@@ -32,9 +32,10 @@ worker, bf16 skipped (the spec refuses bf16 on cpu; the output says so), the lar
 size a CPU gets through, its GFLOP/s against the fp32 matmul rate bench.loops.matmul_rate
 measures (the best of torch and JAX, as `make bench` does). `--quick` shrinks every part
 (Fashion-MNIST limited to 2048/1000 examples, 2 epochs; in cpu mode the large MLP 1024 wide).
-Expected to take 3-5 minutes on an H200 (not yet measured: no GPU has been lent yet; most of it
-the stack's start, the large MLP's fp32 PyTorch epochs and its synthetic data); under a minute
-with --hardware cpu --quick on 2 shared cores (47 s measured here).
+Measured on an H200 (2026-12-04): 143 s with --quick (README has its figures), ~40 s of it the
+stack's start and the matmul probe; the full run is expected to take 3-5 minutes (the large
+MLP's fp32 epochs, ~4.3 s each at 240 batches, and its synthetic data); under a minute with
+--hardware cpu --quick on 2 shared cores (47 s measured here).
 
 On the device machine (the library's `device` tool, kind nvidia-h200), `make gpu-check` cannot
 run (its `install` builds a venv from a registry that machine cannot reach): run the module with

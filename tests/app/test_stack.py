@@ -3,6 +3,7 @@ that keeps failing at start stops the stack (issue 15, item 10)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 
@@ -41,3 +42,15 @@ def test_a_child_that_keeps_failing_at_start_stops_the_stack(tmp_path, monkeypat
         while time.monotonic() < deadline:
             running.supervise(say=lambda line: None)
             time.sleep(0.05)
+
+
+def test_the_embedded_stack_imports_without_psycopg():
+    # The embedded stack (SQLite, the local broker) is what `make gpu-check` runs on a machine
+    # carrying only the packages it needs: the API and the worker must not need PostgreSQL's driver.
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"  # any import of it now raises ImportError
+        "import app.main, app.cli, workers.tasks, workers.__main__"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr[-2000:]

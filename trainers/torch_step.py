@@ -50,9 +50,13 @@ def supported(spec: JobSpec, model: torch.nn.Module, world_size: int, user_code:
 
     Not for user code (its module is not described by the spec the compiled step is cached
     under, and takes no dropout key), batch norm (buffers updated in the forward pass), data
-    parallel (DDP's hooks reduce the gradients during autograd's backward) or DP-SGD."""
+    parallel (DDP's hooks reduce the gradients during autograd's backward) or DP-SGD. CPU only
+    for now: AOTInductor's loader crashed the process (a segfault, which no fallback catches) on
+    the H200 under torch 2.11, and a crash would end the worker at every retry of the job; until
+    a GPU run shows it safe, a gpu job compiles its module."""
     return (
         spec.compile
+        and spec.hardware == "cpu"
         and not user_code
         and isinstance(model, LayerModel)
         and not list(model.buffers())

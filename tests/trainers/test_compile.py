@@ -187,8 +187,8 @@ def test_a_saved_step_made_for_other_inputs_is_compiled_again(tmp_path, digits_s
 
 
 def test_where_aot_inductor_fails_the_module_is_compiled_instead(tmp_path, digits_spec, fresh_dynamo, monkeypatch):
-    # A host where AOTInductor cannot build the step (say, a CUDA host without the toolkit's
-    # headers) still trains compiled: the module path, forward and backward through Dynamo.
+    # A step AOTInductor cannot build (an operator it cannot lower, a wrapper that does not
+    # link) still trains compiled: the module path, forward and backward through Dynamo.
     tried = []
 
     def unbuildable(*args, **kwargs):

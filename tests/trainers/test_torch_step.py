@@ -168,3 +168,4 @@ def test_batch_norm_and_user_code_keep_the_module_path(digits_spec):
     assert not torch_step.supported(plain, model, 1, True)  # user code
     assert not torch_step.supported(plain, model, 2, False)  # data parallel
     assert not torch_step.supported(JobSpec(framework="pytorch"), model, 1, False)  # eager
+    assert not torch_step.supported(JobSpec(framework="pytorch", compile=True, hardware="gpu"), model, 1, False)

@@ -254,9 +254,9 @@ class Package:
     does. Loading one needs neither torch._dynamo nor Inductor's Python modules (~2 s of imports
     in a fresh process): only torch's C++ loader of the shared library inside."""
 
-    def __init__(self, path: Path, made_for: str, device: torch.device) -> None:
-        index = (device.index or 0) if device.type == "cuda" else -1
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+    def __init__(self, path: Path, made_for: str) -> None:
+        # (device index -1: the CPU, the only device `supported` lets through)
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
         saved = loader.get_metadata().get(MADE_FOR_KEY)
         if saved != made_for:  # the graph checks no shapes itself: a wrong file must not run
             raise ValueError(f"it was made for another step or other inputs: {saved}")
@@ -294,10 +294,9 @@ def _load_or_compile(step: Callable, example: tuple, path: Path | None, max_byte
     compiles the module instead). A file loaded is marked used (its mtime); one saved is
     followed by evict_least_recent(max_bytes)."""
     global compiled_ahead
-    device = example[0][0].device
     if path is not None:
         try:
-            loaded = Package(path, wanted, device)
+            loaded = Package(path, wanted)
             _mark_used(path)
             return loaded
         except Exception as exc:  # missing, damaged, or made by a torch this one cannot read
@@ -307,7 +306,7 @@ def _load_or_compile(step: Callable, example: tuple, path: Path | None, max_byte
         made = Path(tmp) / f"step{SUFFIX}"
         try:
             _compile_package(step, example, made, wanted)
-            compiled = Package(made, wanted, device)
+            compiled = Package(made, wanted)
         except Exception:
             log.warning("AOTInductor could not compile the step; compiling the module instead", exc_info=True)
             return None

@@ -336,7 +336,7 @@ def make_train_step(spec: JobSpec, run: Run, world: OneDevice | Group) -> TrainS
     detached, on the device. With "compile": true it is compiled now, before it returns.
 
     Compiled, the whole step is one graph where trainers.torch_step covers the run (the built-in
-    models without batch norm, on one device, without privacy); otherwise the module is compiled
+    models without batch norm, on one CPU device, without privacy); otherwise the module is compiled
     (its forward and backward) and the optimizer steps eagerly, as it does without compile."""
     whole = _whole_step(spec, run) if torch_step.supported(spec, run.model, world.size, run.user_code) else None
     if whole is not None:
